@@ -1,0 +1,41 @@
+# The README's two commands: `make demo` and `make test`.
+# Each sets up .venv when missing (torch first, so pip never pulls a CUDA build it
+# does not need), then runs. Stamps make a second run quick.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+TORCH  ?= torch==2.13.0
+
+.PHONY: demo test lint bench clean
+
+demo: $(VENV)/.stamp-demo
+	$(BIN)/qkv tour
+
+test: $(VENV)/.stamp-test
+	$(BIN)/python -m pytest -n 2 -q
+
+lint: $(VENV)/.stamp-test
+	$(BIN)/ruff check src tests benchmarks
+
+bench: $(VENV)/.stamp-demo
+	$(BIN)/python benchmarks/attention.py
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.stamp-torch: | $(BIN)/python
+	$(PIP) install -q "$(TORCH)"
+	touch $@
+
+$(VENV)/.stamp-demo: pyproject.toml $(VENV)/.stamp-torch
+	$(PIP) install -q -e ".[cli,plots]"
+	touch $@
+
+$(VENV)/.stamp-test: pyproject.toml $(VENV)/.stamp-torch
+	$(PIP) install -q -e ".[dev]"
+	touch $@
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,25 @@
+"""qkv: attention and the transformer, end to end, exact, fast and visible.
+
+Shape glossary, used in every docstring and reshape comment:
+
+    B    batch (all leading dimensions)      T    query length
+    H    query heads                          S    key / value length
+    Hkv  key/value heads (grouped-query)      D    head width (queries and keys)
+    E    model width (d_model)                Dv   head width of values
+    V    vocabulary size
+
+Tensors inside attention are ``(B, H, T, D)``. Masks follow SDPA polarity (True = may attend)
+unless a function says otherwise; see :mod:`qkv.masks`.
+"""
+
+from qkv.attention import Explanation, explain, masks, scaled_dot_product_attention
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Explanation",
+    "__version__",
+    "explain",
+    "masks",
+    "scaled_dot_product_attention",
+]

@@ -1,0 +1,56 @@
+"""The textbook backend: scores, scale, mask, softmax, weighted sum, one step per line.
+
+It materialises the full ``(B, H, T, S)`` score matrix, so it costs O(T·S) memory; in return
+it is the readable reference every faster backend is tested against, and it returns weights.
+Grouped-query attention folds the ``G = H / Hkv`` query heads that share a key/value head into
+the query length, so K and V are never repeated in memory.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from qkv.attention.call import AttentionCall
+
+NAME = "math"
+
+
+def why_not(call: AttentionCall) -> str | None:
+    """The math backend honours every call."""
+    return None
+
+
+def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
+    """Attention by its definition; returns output ``(B, H, T, Dv)`` and weights ``(B, H, T, S)``."""
+    q, k, v = call.query, call.key, call.value
+    B, H, T, D = q.shape
+    Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
+    G = call.groups
+
+    q_grouped = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G·T, D): G query heads share one K
+    # 1) Scores: every query against every key.
+    scores = q_grouped @ k.transpose(-2, -1)  # (B, Hkv, G·T, S)
+    scores = scores.reshape(B, H, T, S)  # (B, H, T, S)
+    # 2) Scale by 1/sqrt(D) (or the caller's scale) so the softmax does not saturate.
+    scores = scores * call.scale
+    # 3) Mask: hidden keys get -inf (weight exactly 0); float masks are added.
+    if call.is_causal:
+        causal = torch.ones(T, S, dtype=torch.bool, device=q.device).tril()  # (T, S)
+        scores = scores.masked_fill(~causal, float("-inf"))
+    if call.mask is not None:
+        if call.mask.dtype == torch.bool:
+            scores = scores.masked_fill(~call.mask, float("-inf"))
+        else:
+            scores = scores + call.mask
+    # 4) Softmax over the keys; half precision accumulates in float32.
+    acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    weights = torch.softmax(scores, dim=-1, dtype=acc).to(q.dtype)
+    # 5) Dropout on the weights (training only: the caller passes 0 in evaluation).
+    applied = weights
+    if call.dropout_p > 0.0:
+        applied = torch.dropout(weights, call.dropout_p, train=True)
+    # 6) Weighted sum of the values.
+    out = applied.reshape(B, Hkv, G * T, S) @ v  # (B, Hkv, G·T, Dv)
+    out = out.reshape(B, H, T, Dv)  # (B, H, T, Dv)
+    return out, (applied if call.need_weights else None)

@@ -1,0 +1,87 @@
+"""Choose a backend for an attention call, and explain the choice.
+
+``auto`` walks :data:`PREFERENCE` (fastest first) and takes the first backend that can honour
+the call. :func:`explain` returns that decision as data: the chosen backend and, for every
+other backend, why it was not chosen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import ModuleType
+
+from qkv.attention import backends
+from qkv.attention.call import AttentionCall
+
+__all__ = ["BACKENDS", "PREFERENCE", "Explanation", "decide", "select"]
+
+BACKENDS: dict[str, ModuleType] = {
+    backends.torch_kernel.NAME: backends.torch_kernel,
+    backends.math.NAME: backends.math,
+}
+# Fastest first; ``auto`` takes the first that can honour the call.
+PREFERENCE: tuple[str, ...] = ("torch", "math")
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Which backend ``auto`` picks for a call, and why not each of the others.
+
+    Attributes:
+        chosen: name of the backend ``auto`` runs.
+        reasons: for every other backend, why it was not chosen.
+        shapes: the call's ``B, H, Hkv, T, S, D, Dv`` after validation.
+    """
+
+    chosen: str
+    reasons: dict[str, str] = field(default_factory=dict)
+    shapes: dict[str, int] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        dims = ", ".join(f"{k}={v}" for k, v in self.shapes.items())
+        lines = [f"auto -> {self.chosen}" + (f"  ({dims})" if dims else "")]
+        for name in PREFERENCE:
+            if name == self.chosen:
+                lines.append(f"  {name}: chosen")
+            elif name in self.reasons:
+                lines.append(f"  {name}: not chosen, {self.reasons[name]}")
+        return "\n".join(lines)
+
+
+def decide(call: AttentionCall) -> Explanation:
+    """Run the ``auto`` policy on ``call`` and record every reason."""
+    reasons: dict[str, str] = {}
+    chosen = None
+    for name in PREFERENCE:
+        why = BACKENDS[name].why_not(call)
+        if chosen is None and why is None:
+            chosen = name
+        elif why is not None:
+            reasons[name] = why
+        else:
+            reasons[name] = f"{chosen} is preferred (faster) for this call"
+    assert chosen is not None, "the math backend honours every call"
+    q, v = call.query, call.value
+    shapes = {
+        "B": q.shape[0], "H": q.shape[1], "Hkv": call.num_kv_heads, "T": call.T,
+        "S": call.S, "D": q.shape[3], "Dv": v.shape[3],
+    }
+    return Explanation(chosen=chosen, reasons=reasons, shapes=shapes)
+
+
+def select(call: AttentionCall, backend: str) -> ModuleType:
+    """The backend module to run ``call`` with.
+
+    Raises:
+        ValueError: unknown ``backend`` name, or a named backend that cannot honour the call.
+    """
+    if not isinstance(backend, str) or (backend != "auto" and backend not in BACKENDS):
+        known = ", ".join(repr(b) for b in ("auto", *BACKENDS))
+        raise ValueError(f"backend must be one of {known}, got {backend!r}")
+    if backend == "auto":
+        return BACKENDS[decide(call).chosen]
+    module = BACKENDS[backend]
+    why = module.why_not(call)
+    if why is not None:
+        raise ValueError(f"backend={backend!r} cannot honour this call: {why}")
+    return module

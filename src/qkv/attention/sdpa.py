@@ -1,0 +1,126 @@
+"""The public entry point: ``scaled_dot_product_attention`` and ``explain``.
+
+    Attention(Q, K, V) = softmax(Q·Kᵀ · scale + mask) · V        (Vaswani et al., 2017)
+
+This module only validates (``call.py``), dispatches (``dispatch.py``), runs a backend and
+restores the caller's shapes; the arithmetic lives in ``backends/``.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from qkv.attention import dispatch
+from qkv.attention.call import AttentionCall, make_call
+from qkv.attention.dispatch import Explanation
+
+__all__ = ["explain", "scaled_dot_product_attention"]
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    need_weights: bool = False,
+    backend: str = "auto",
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Scaled dot-product attention with the semantics of torch's, plus weights on request.
+
+    Args:
+        query: ``(..., H, T, D)``; any number of leading batch dimensions (or ``(T, D)``).
+        key: ``(..., Hkv, S, D)``; ``Hkv == H`` unless ``enable_gqa``.
+        value: ``(..., Hkv, S, Dv)``.
+        attn_mask: ``None``; a boolean mask where True means *may attend*; or a float mask
+            added to the scores (``-inf`` hides a key). Broadcastable to ``(..., H, T, S)``.
+        dropout_p: probability of zeroing an attention weight; applied only when > 0, so pass
+            0 in evaluation.
+        is_causal: hide keys after the query, aligned top-left as in torch (query ``i`` sees
+            keys ``j <= i``). Combined with ``attn_mask`` by logical and. For bottom-right
+            alignment or a decoding offset build the mask with :func:`qkv.masks.causal`.
+        scale: factor on ``q·k``; ``1/sqrt(D)`` when None.
+        enable_gqa: allow grouped-query attention, ``H`` a multiple of ``Hkv``; query head
+            ``h`` reads key/value head ``h // (H / Hkv)`` as in torch.
+        need_weights: also return the attention weights.
+        backend: ``"auto"`` (the fastest backend that can honour the call), ``"torch"``
+            (torch's fused kernel) or ``"math"`` (the textbook steps, returns weights).
+
+    Returns:
+        The output ``(..., H, T, Dv)``, or ``(output, weights)`` with weights ``(..., H, T, S)``
+        when ``need_weights``. A query row with no visible key gets a zero output row, zero
+        weights and zero gradient, never NaN. With dropout the weights returned are the ones
+        applied (after dropout).
+
+    Raises:
+        TypeError: non-tensors, integer or mixed dtypes, a mask that is neither bool nor float.
+        ValueError: ranks, widths, lengths or head counts that do not fit, a mask that does not
+            broadcast or holds NaN, an unknown backend, or a backend that cannot honour the
+            call (``backend="torch"`` with ``need_weights=True``).
+    """
+    call = make_call(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, need_weights
+    )
+    impl = dispatch.select(call, backend)
+    out, weights = impl.run(call)
+    return _finish(call, out, weights)
+
+
+def _finish(
+    call: AttentionCall, out: Tensor, weights: Tensor | None
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Zero dead rows and restore the caller's leading dimensions."""
+    if call.dead is not None:
+        out = out.masked_fill(call.dead, 0.0)  # (B, H, T, Dv)
+        if weights is not None:
+            weights = weights.masked_fill(call.dead, 0.0)  # (B, H, T, S)
+    lead = call.batch_shape
+    out = out.reshape(*lead, *out.shape[1:])  # (..., H, T, Dv)
+    if call.squeeze_heads:
+        out = out[0]  # (T, Dv)
+    if not call.need_weights:
+        return out
+    assert weights is not None
+    weights = weights.reshape(*lead, *weights.shape[1:])  # (..., H, T, S)
+    if call.squeeze_heads:
+        weights = weights[0]  # (T, S)
+    return out, weights
+
+
+def explain(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    need_weights: bool = False,
+    backend: str = "auto",
+) -> Explanation:
+    """Say which backend ``scaled_dot_product_attention`` would run for these arguments.
+
+    Takes exactly the arguments of :func:`scaled_dot_product_attention` and validates them
+    the same way, but computes nothing. Returns an :class:`Explanation` whose ``chosen`` is
+    the backend ``auto`` picks (or the named ``backend``, after checking it can honour the
+    call) and whose ``reasons`` say why each other backend was not chosen; ``str()`` of it
+    reads as a short report.
+    """
+    call = make_call(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, need_weights
+    )
+    decision = dispatch.decide(call)
+    if backend == "auto":
+        return decision
+    impl = dispatch.select(call, backend)
+    reasons = dict(decision.reasons)
+    reasons.pop(impl.NAME, None)
+    if decision.chosen != impl.NAME:
+        reasons[decision.chosen] = f"backend={impl.NAME!r} was requested"
+    return Explanation(chosen=impl.NAME, reasons=reasons, shapes=decision.shapes)
