@@ -5,8 +5,8 @@
 holds Bahdanau and Luong scores.
 """
 
-from qkv.attention import masks
+from qkv.attention import additive, masks
 from qkv.attention.dispatch import Explanation
 from qkv.attention.sdpa import explain, scaled_dot_product_attention
 
-__all__ = ["Explanation", "explain", "masks", "scaled_dot_product_attention"]
+__all__ = ["Explanation", "additive", "explain", "masks", "scaled_dot_product_attention"]

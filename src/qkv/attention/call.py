@@ -74,7 +74,7 @@ class AttentionCall:
 
 
 def _shape(t: Tensor) -> str:
-    return "(" + ", ".join(str(s) for s in t.shape) + ")"
+    return str(tuple(t.shape))
 
 
 def _check_tensor(name: str, t: object) -> Tensor:
@@ -177,7 +177,7 @@ def _broadcast_mask(mask: Tensor, full: tuple[int, ...], name: str) -> Tensor:
     if all(s == 1 for s in lead):
         return m.reshape(1, *tail)  # (1, H|1, T|1, S|1)
     m = m.expand(*full[:-3], *tail)
-    return m.reshape(-1, *tail)  # (B, H|1, T|1, S|1)
+    return m.reshape(math.prod(full[:-3]), *tail)  # (B, H|1, T|1, S|1)
 
 
 def _dead_rows(mask: Tensor) -> Tensor:
@@ -220,9 +220,10 @@ def make_call(
     batch_shape = tuple(query.shape[:-3])
     H, T, D = query.shape[-3:]
     Hkv, S = key.shape[-3], key.shape[-2]
-    q = query.reshape(-1, H, T, D)  # (B, H, T, D)
-    k = key.reshape(-1, Hkv, S, D)  # (B, Hkv, S, D)
-    v = value.reshape(-1, Hkv, S, value.shape[-1])  # (B, Hkv, S, Dv)
+    B = math.prod(batch_shape)
+    q = query.reshape(B, H, T, D)  # (B, H, T, D)
+    k = key.reshape(B, Hkv, S, D)  # (B, Hkv, S, D)
+    v = value.reshape(B, Hkv, S, value.shape[-1])  # (B, Hkv, S, Dv)
 
     # 2) Normalise the mask to 4-D keep-bool or additive float, folding in is_causal.
     mask = None

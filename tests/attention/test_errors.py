@@ -1,0 +1,161 @@
+"""Every bad input gets a clear error naming the argument, what came and what was expected."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import qkv
+
+
+def qkv_(T=4, S=6, H=2, Hkv=2, D=8, Dv=8, B=2, dtype=torch.float32):
+    return (
+        torch.randn(B, H, T, D, dtype=dtype),
+        torch.randn(B, Hkv, S, D, dtype=dtype),
+        torch.randn(B, Hkv, S, Dv, dtype=dtype),
+    )
+
+
+def sdpa(*args, **kwargs):
+    return qkv.scaled_dot_product_attention(*args, **kwargs)
+
+
+def test_not_a_tensor():
+    q, k, v = qkv_()
+    with pytest.raises(TypeError, match=r"query must be a torch.Tensor, got list"):
+        sdpa([[1.0]], k, v)
+
+
+def test_integer_tensors():
+    q, k, v = qkv_()
+    with pytest.raises(TypeError, match=r"key must be a floating-point tensor .* got dtype torch.int64"):
+        sdpa(q, k.long(), v)
+
+
+def test_rank_too_small():
+    q, k, v = qkv_()
+    with pytest.raises(ValueError, match=r"query must have at least 2 dimensions .* got shape \(8,\)"):
+        sdpa(torch.randn(8), k, v)
+
+
+def test_ranks_differ():
+    q, k, v = qkv_()
+    with pytest.raises(ValueError, match=r"same number of dimensions, got query \(2, 2, 4, 8\), key \(2, 6, 8\)"):
+        sdpa(q, k[:, 0], v)
+
+
+def test_head_width_mismatch():
+    q, k, v = qkv_()
+    with pytest.raises(ValueError, match=r"same head width D .* query \(2, 2, 4, 8\) with D=8 and key \(2, 2, 6, 7\) with D=7"):
+        sdpa(q, k[..., :7], v)
+
+
+def test_key_value_length_mismatch():
+    q, k, v = qkv_()
+    with pytest.raises(ValueError, match=r"same length S .* key \(2, 2, 6, 8\) with S=6 and value \(2, 2, 5, 8\) with S=5"):
+        sdpa(q, k, v[..., :5, :])
+
+
+def test_heads_not_a_multiple():
+    q, k, v = qkv_(H=5, Hkv=2)
+    with pytest.raises(ValueError, match=r"H \(query heads, 5\) to be a multiple of Hkv \(key/value heads, 2\)"):
+        sdpa(q, k, v, enable_gqa=True)
+
+
+def test_gqa_not_enabled():
+    q, k, v = qkv_(H=4, Hkv=2)
+    with pytest.raises(ValueError, match=r"query has H=4 heads but key/value have Hkv=2 .* enable_gqa=True"):
+        sdpa(q, k, v)
+
+
+def test_key_value_heads_differ():
+    q, k, v = qkv_(H=4, Hkv=2)
+    with pytest.raises(ValueError, match=r"key and value must have the same number of heads"):
+        sdpa(q, k, v[:, :1], enable_gqa=True)
+
+
+def test_batch_dims_differ():
+    q, k, v = qkv_()
+    with pytest.raises(ValueError, match=r"same leading \(batch\) dimensions"):
+        sdpa(q, k[:1], v[:1])
+
+
+def test_mask_does_not_broadcast():
+    q, k, v = qkv_()
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(4, 5\) does not broadcast to the attention scores \(\.\.\., H, T, S\) = \(2, 2, 4, 6\)"):
+        sdpa(q, k, v, attn_mask=torch.ones(4, 5, dtype=torch.bool))
+
+
+def test_mask_would_enlarge_scores():
+    q, k, v = qkv_(B=1)
+    with pytest.raises(ValueError, match=r"attn_mask of shape \(3, 1, 4, 6\) would enlarge"):
+        sdpa(q, k, v, attn_mask=torch.ones(3, 1, 4, 6, dtype=torch.bool))
+
+
+def test_mask_too_many_dims():
+    q, k, v = qkv_()
+    with pytest.raises(ValueError, match=r"attn_mask has shape \(1, 1, 2, 2, 4, 6\) with 6 dimensions"):
+        sdpa(q, k, v, attn_mask=torch.ones(1, 1, 2, 2, 4, 6, dtype=torch.bool))
+
+
+def test_integer_mask():
+    q, k, v = qkv_()
+    with pytest.raises(TypeError, match=r"attn_mask must be boolean .* got dtype torch.int64"):
+        sdpa(q, k, v, attn_mask=torch.ones(4, 6, dtype=torch.long))
+
+
+def test_nan_mask():
+    q, k, v = qkv_()
+    m = torch.zeros(4, 6)
+    m[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"attn_mask contains NaN"):
+        sdpa(q, k, v, attn_mask=m)
+
+
+def test_mixed_dtypes():
+    q, k, v = qkv_()
+    with pytest.raises(TypeError, match=r"share one dtype, got query torch.float32, key torch.float64"):
+        sdpa(q, k.double(), v)
+
+
+def test_mixed_devices():
+    q, k, v = qkv_()
+    with pytest.raises(ValueError, match=r"one device, got query on cpu, key on meta"):
+        sdpa(q, k.to("meta"), v)
+
+
+def test_unknown_backend():
+    q, k, v = qkv_()
+    with pytest.raises(ValueError, match=r"backend must be one of 'auto', 'torch', 'math'.*got 'cuda'"):
+        sdpa(q, k, v, backend="cuda")
+
+
+def test_backend_that_cannot_return_weights():
+    q, k, v = qkv_()
+    with pytest.raises(ValueError, match=r"backend='torch' cannot honour this call: the fused kernel does not return attention weights"):
+        sdpa(q, k, v, backend="torch", need_weights=True)
+
+
+def test_torch_backend_refuses_empty():
+    q, k, v = qkv_(S=0)
+    with pytest.raises(ValueError, match=r"backend='torch' cannot honour this call: empty sequence"):
+        sdpa(q, k, v, backend="torch")
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.0, "0.1"])
+def test_bad_dropout(p):
+    q, k, v = qkv_()
+    with pytest.raises(ValueError, match=r"dropout_p must be a number in \[0, 1\)"):
+        sdpa(q, k, v, dropout_p=p)
+
+
+def test_bad_scale():
+    q, k, v = qkv_()
+    with pytest.raises(ValueError, match=r"scale must be a finite number or None, got inf"):
+        sdpa(q, k, v, scale=float("inf"))
+
+
+def test_explain_validates_too():
+    q, k, v = qkv_()
+    with pytest.raises(ValueError, match=r"same head width D"):
+        qkv.explain(q, k[..., :3], v)

@@ -1,0 +1,52 @@
+"""qkv.explain: which backend auto picks, and why not the others."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import qkv
+
+
+def inputs(T=8, S=8):
+    return torch.randn(1, 2, T, 8), torch.randn(1, 2, S, 8), torch.randn(1, 2, S, 8)
+
+
+def test_auto_picks_torch_without_weights():
+    e = qkv.explain(*inputs())
+    assert e.chosen == "torch"
+    assert e.reasons["math"] == "torch is preferred (faster) for this call"
+    assert str(e).splitlines()[0].startswith("auto -> torch")
+    assert e.shapes == {"B": 1, "H": 2, "Hkv": 2, "T": 8, "S": 8, "D": 8, "Dv": 8}
+
+
+def test_auto_picks_math_for_weights():
+    e = qkv.explain(*inputs(), need_weights=True)
+    assert e.chosen == "math"
+    assert "does not return attention weights" in e.reasons["torch"]
+    assert "torch: not chosen, the fused kernel does not return attention weights" in str(e)
+
+
+def test_auto_picks_math_for_empty():
+    assert qkv.explain(*inputs(S=0)).chosen == "math"
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"need_weights": True}, {"is_causal": True}])
+def test_explain_agrees_with_what_runs(kwargs, monkeypatch):
+    """The backend explain names is the one scaled_dot_product_attention actually runs."""
+    from qkv.attention import dispatch
+
+    ran = []
+    for name, module in dispatch.BACKENDS.items():
+        original = module.run
+        monkeypatch.setattr(module, "run", lambda call, _o=original, _n=name: ran.append(_n) or _o(call))
+    q, k, v = inputs()
+    qkv.scaled_dot_product_attention(q, k, v, **kwargs)
+    assert ran == [qkv.explain(q, k, v, **kwargs).chosen]
+
+
+def test_explain_named_backend():
+    e = qkv.explain(*inputs(), backend="math")
+    assert e.chosen == "math" and e.reasons["torch"] == "backend='math' was requested"
+    with pytest.raises(ValueError, match="cannot honour"):
+        qkv.explain(*inputs(), backend="torch", need_weights=True)
