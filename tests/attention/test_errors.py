@@ -21,7 +21,7 @@ def sdpa(*args, **kwargs):
 
 
 def test_not_a_tensor():
-    q, k, v = qkv_()
+    _, k, v = qkv_()
     with pytest.raises(TypeError, match=r"query must be a torch.Tensor, got list"):
         sdpa([[1.0]], k, v)
 
@@ -33,7 +33,7 @@ def test_integer_tensors():
 
 
 def test_rank_too_small():
-    q, k, v = qkv_()
+    _, k, v = qkv_()
     with pytest.raises(ValueError, match=r"query must have at least 2 dimensions .* got shape \(8,\)"):
         sdpa(torch.randn(8), k, v)
 
@@ -109,6 +109,14 @@ def test_nan_mask():
     m = torch.zeros(4, 6)
     m[0, 0] = float("nan")
     with pytest.raises(ValueError, match=r"attn_mask contains NaN"):
+        sdpa(q, k, v, attn_mask=m)
+
+
+def test_posinf_mask():
+    q, k, v = qkv_()
+    m = torch.zeros(4, 6)
+    m[1, 2] = float("inf")
+    with pytest.raises(ValueError, match=r"attn_mask contains \+inf"):
         sdpa(q, k, v, attn_mask=m)
 
 

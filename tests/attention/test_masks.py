@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_close
 
 import qkv
+from helpers import assert_close
 from qkv import masks
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
-from helpers import assert_close
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import qkv
+from helpers import assert_close
 
 settings.register_profile("qkv", max_examples=40, deadline=None)
 settings.load_profile("qkv")

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_close, max_error
 
 import qkv
+from helpers import assert_close, max_error
 from qkv import masks
 
 BACKENDS = ["math", "torch", "auto"]

@@ -249,6 +249,11 @@ def make_call(
         if mask.is_floating_point():
             if torch.isnan(mask).any():
                 raise ValueError("attn_mask contains NaN; use -inf to hide a key")
+            if torch.isposinf(mask).any():
+                raise ValueError(
+                    "attn_mask contains +inf, which makes the softmax NaN; use large finite "
+                    "values to favour a key"
+                )
             mask = mask.to(query.dtype)
     if is_causal and mask is not None:
         keep = torch.ones(T, S, dtype=torch.bool, device=query.device).tril()  # (T, S)

@@ -22,7 +22,7 @@ def why_not(call: AttentionCall) -> str | None:
 
 
 def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
-    """Attention by its definition; returns output ``(B, H, T, Dv)`` and weights ``(B, H, T, S)``."""
+    """Attention by its definition: output ``(B, H, T, Dv)``, weights ``(B, H, T, S)``."""
     q, k, v = call.query, call.key, call.value
     B, H, T, D = q.shape
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]

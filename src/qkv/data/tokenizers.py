@@ -1,0 +1,296 @@
+"""Tokenizers: one small protocol, built-in character and byte tokenizers, and loading by file.
+
+Every qkv tokenizer reserves the same four special ids, handled one way everywhere:
+
+====  ==========  =========================================================================
+ id    token       meaning
+====  ==========  =========================================================================
+ 0     ``<pad>``   padding; :func:`qkv.masks.padding_from_ids` hides it
+ 1     ``<bos>``   begin of sequence (``encode(..., add_bos=True)``; decoder start token)
+ 2     ``<eos>``   end of sequence (``encode(..., add_eos=True)``)
+ 3     ``<unk>``   a piece of text the vocabulary cannot represent
+====  ==========  =========================================================================
+
+``decode(ids, skip_special=True)`` drops PAD, BOS and EOS; UNK always decodes to the text
+``<unk>`` because it stands for real text that was there. Text that happens to contain
+``"<eos>"`` encodes as ordinary characters, never as the special id.
+
+Trained subword tokenizers (BPE, WordPiece) live in :mod:`qkv.data.subword`;
+:func:`load_tokenizer` reads any of them back from the JSON file ``save`` wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import torch
+
+__all__ = [
+    "BOS_ID",
+    "EOS_ID",
+    "PAD_ID",
+    "SPECIAL_TOKENS",
+    "UNK_ID",
+    "ByteTokenizer",
+    "CharTokenizer",
+    "Tokenizer",
+    "load_tokenizer",
+]
+
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # index = id
+NUM_SPECIAL = len(SPECIAL_TOKENS)
+FORMAT_KEY = "qkv_tokenizer"  # marks qkv's own JSON files (char, byte) apart from tokenizer.json
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What every qkv tokenizer offers: text <-> ids with the four shared special ids."""
+
+    vocab_size: int
+    pad_id: int
+    bos_id: int
+    eos_id: int
+    unk_id: int
+
+    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        """Token ids of ``text``, optionally framed by BOS and EOS."""
+        ...
+
+    def decode(self, ids: Sequence[int] | torch.Tensor, *, skip_special: bool = True) -> str:
+        """Text of ``ids (T,)``; PAD/BOS/EOS dropped when ``skip_special``."""
+        ...
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the tokenizer as JSON to ``path`` (a file, or a folder for ``tokenizer.json``)."""
+        ...
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Tokenizer:
+        """Read a tokenizer of this class back from what :meth:`save` wrote."""
+        ...
+
+
+def as_id_list(ids: Sequence[int] | torch.Tensor, vocab_size: int) -> list[int]:
+    """Validate ``ids`` (a sequence of ints or a 1-D integer tensor) against ``vocab_size``.
+
+    Raises:
+        TypeError: a tensor that is not integer, or elements that are not ints.
+        ValueError: a tensor that is not 1-D, or an id outside ``[0, vocab_size)``.
+    """
+    if isinstance(ids, torch.Tensor):
+        if ids.dim() != 1:
+            raise ValueError(f"ids must be a 1-D tensor (T,), got shape {tuple(ids.shape)}")
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise TypeError(f"ids must be an integer tensor, got dtype {ids.dtype}")
+        ids = ids.tolist()
+    out = list(ids)
+    for i in out:
+        if not isinstance(i, int) or isinstance(i, bool):
+            raise TypeError(f"ids must be ints, got {type(i).__name__} {i!r}")
+        if not 0 <= i < vocab_size:
+            raise ValueError(f"ids must lie in [0, vocab_size={vocab_size}), got {i}")
+    return out
+
+
+def frame(ids: list[int], add_bos: bool, add_eos: bool) -> list[int]:
+    """``ids`` with BOS prepended and/or EOS appended."""
+    return [BOS_ID] * add_bos + ids + [EOS_ID] * add_eos
+
+
+def json_path(path: str | os.PathLike) -> Path:
+    """The file to write: ``path`` itself, or ``path/tokenizer.json`` for a folder."""
+    p = Path(path)
+    return p / "tokenizer.json" if p.is_dir() else p
+
+
+def check_text(text: object) -> str:
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    return text
+
+
+class _SpecialIds:
+    """The four shared special ids as attributes (mixed into every tokenizer)."""
+
+    pad_id = PAD_ID
+    bos_id = BOS_ID
+    eos_id = EOS_ID
+    unk_id = UNK_ID
+
+
+class CharTokenizer(_SpecialIds):
+    """Character-level tokenizer: one id per character seen in a corpus.
+
+    Ids 0-3 are the specials; characters follow in sorted order, so fitting the same corpus
+    always gives the same ids. Characters not in the vocabulary encode to ``UNK_ID``.
+
+    Args:
+        chars: the vocabulary, distinct single characters (use :meth:`fit` to build one).
+
+    Raises:
+        ValueError: an entry that is not one character, or a repeated character.
+    """
+
+    def __init__(self, chars: Sequence[str]):
+        chars = list(chars)
+        bad = [c for c in chars if not isinstance(c, str) or len(c) != 1]
+        if bad:
+            raise ValueError(f"chars must be single characters, got {bad[:5]!r}")
+        if len(set(chars)) != len(chars):
+            dupes = sorted(c for c, n in Counter(chars).items() if n > 1)
+            raise ValueError(f"chars must be distinct, got repeats {dupes[:5]!r}")
+        self.chars = chars
+        self._id = {c: i + NUM_SPECIAL for i, c in enumerate(chars)}
+
+    @classmethod
+    def fit(cls, texts: str | Iterable[str], *, min_count: int = 1) -> CharTokenizer:
+        """Build the vocabulary from ``texts`` (one string or an iterable of strings).
+
+        Args:
+            texts: the corpus.
+            min_count: characters seen fewer times than this are left out (they encode to UNK).
+
+        Raises:
+            TypeError: an element of ``texts`` that is not a str.
+            ValueError: ``min_count < 1``.
+        """
+        if not isinstance(min_count, int) or min_count < 1:
+            raise ValueError(f"min_count must be an int >= 1, got {min_count!r}")
+        counts: Counter[str] = Counter()
+        for text in [texts] if isinstance(texts, str) else texts:
+            counts.update(check_text(text))
+        return cls(sorted(c for c, n in counts.items() if n >= min_count))
+
+    @property
+    def vocab_size(self) -> int:
+        return NUM_SPECIAL + len(self.chars)
+
+    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        """Ids of the characters of ``text`` (``UNK_ID`` for unseen ones), length ``len(text)``."""
+        ids = [self._id.get(c, UNK_ID) for c in check_text(text)]
+        return frame(ids, add_bos, add_eos)
+
+    def decode(self, ids: Sequence[int] | torch.Tensor, *, skip_special: bool = True) -> str:
+        """Text of ``ids (T,)``. Raises ValueError for an id outside the vocabulary."""
+        pieces = []
+        for i in as_id_list(ids, self.vocab_size):
+            if i >= NUM_SPECIAL:
+                pieces.append(self.chars[i - NUM_SPECIAL])
+            elif i == UNK_ID or not skip_special:
+                pieces.append(SPECIAL_TOKENS[i])
+        return "".join(pieces)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write ``{"qkv_tokenizer": "char", "chars": [...]}`` as JSON; returns the file."""
+        out = json_path(path)
+        out.write_text(json.dumps({FORMAT_KEY: "char", "chars": self.chars}, ensure_ascii=False))
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> CharTokenizer:
+        """Read a tokenizer written by :meth:`save`."""
+        data = _read_json(path)
+        if data.get(FORMAT_KEY) != "char":
+            raise ValueError(f"{json_path(path)} is not a qkv char tokenizer file")
+        return cls(data["chars"])
+
+    def __repr__(self) -> str:
+        return f"CharTokenizer(vocab_size={self.vocab_size})"
+
+
+class ByteTokenizer(_SpecialIds):
+    """Lossless UTF-8 byte tokenizer: byte ``b`` has id ``b + 4``; vocabulary 260.
+
+    Any text round-trips exactly (emoji, CJK, control characters). Decoding a byte sequence
+    that is not valid UTF-8 (for instance a sampled one) replaces the bad bytes with U+FFFD.
+    """
+
+    vocab_size = 256 + NUM_SPECIAL
+
+    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        """Ids of the UTF-8 bytes of ``text``."""
+        ids = [b + NUM_SPECIAL for b in check_text(text).encode("utf-8")]
+        return frame(ids, add_bos, add_eos)
+
+    def decode(self, ids: Sequence[int] | torch.Tensor, *, skip_special: bool = True) -> str:
+        """Text of ``ids (T,)``. Raises ValueError for an id outside ``[0, 260)``."""
+        pieces: list[str] = []
+        run = bytearray()  # consecutive bytes decode together so multi-byte characters survive
+        for i in as_id_list(ids, self.vocab_size):
+            if i >= NUM_SPECIAL:
+                run.append(i - NUM_SPECIAL)
+                continue
+            if i == UNK_ID or not skip_special:
+                pieces.append(run.decode("utf-8", errors="replace") + SPECIAL_TOKENS[i])
+                run.clear()
+        pieces.append(run.decode("utf-8", errors="replace"))
+        return "".join(pieces)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write ``{"qkv_tokenizer": "byte"}`` as JSON; returns the file."""
+        out = json_path(path)
+        out.write_text(json.dumps({FORMAT_KEY: "byte"}))
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> ByteTokenizer:
+        """Read a tokenizer written by :meth:`save`."""
+        if _read_json(path).get(FORMAT_KEY) != "byte":
+            raise ValueError(f"{json_path(path)} is not a qkv byte tokenizer file")
+        return cls()
+
+    def __repr__(self) -> str:
+        return "ByteTokenizer()"
+
+
+def _read_json(path: str | os.PathLike) -> dict:
+    file = json_path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"no tokenizer file at {file}")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{file} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    """Read back any tokenizer written by ``save``: char, byte, BPE or WordPiece.
+
+    Args:
+        path: the JSON file, or a folder holding ``tokenizer.json``.
+
+    Returns:
+        a :class:`CharTokenizer`, :class:`ByteTokenizer`,
+        :class:`~qkv.data.subword.BPETokenizer` or :class:`~qkv.data.subword.WordPieceTokenizer`.
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        ValueError: a file that is not one of these formats.
+        ImportError: a BPE/WordPiece file without the ``tokenizers`` library installed.
+    """
+    data = _read_json(path)
+    kind = data.get(FORMAT_KEY)
+    if kind == "char":
+        return CharTokenizer(data["chars"])
+    if kind == "byte":
+        return ByteTokenizer()
+    model_type = data.get("model", {}).get("type") if isinstance(data.get("model"), dict) else None
+    if kind is None and model_type in ("BPE", "WordPiece"):
+        from qkv.data.subword import BPETokenizer, WordPieceTokenizer
+
+        cls = BPETokenizer if model_type == "BPE" else WordPieceTokenizer
+        return cls.load(path)
+    raise ValueError(
+        f"{json_path(path)} is not a qkv tokenizer: expected {FORMAT_KEY!r} 'char' or 'byte', "
+        f"or a tokenizer.json with model type 'BPE' or 'WordPiece'; got {FORMAT_KEY}={kind!r}, "
+        f"model type={model_type!r}"
+    )

@@ -1,0 +1,55 @@
+"""Modules: each owns its parameters and calls a function of :mod:`qkv.attention`."""
+
+from qkv.nn.additive import BahdanauAttention, LuongAttention
+from qkv.nn.alibi import ALiBi, alibi_bias, alibi_slopes
+from qkv.nn.attention import Attention
+from qkv.nn.cache import KVCache, LayerKVCache
+from qkv.nn.feedforward import FeedForward, SwiGLU, make_feedforward
+from qkv.nn.heads import AttentionHead, HeadList, SelfAttention
+from qkv.nn.multihead import MultiheadAttention
+from qkv.nn.norms import make_norm
+from qkv.nn.positions import (
+    LearnedPositionalEmbedding,
+    SinusoidalPositionalEncoding,
+    sinusoidal_table,
+)
+from qkv.nn.rope import RotaryEmbedding, apply_rotary, rotary_cos_sin, rotate_half
+from qkv.nn.transformer import (
+    Transformer,
+    TransformerDecoder,
+    TransformerEncoder,
+    generate_square_subsequent_mask,
+)
+from qkv.nn.transformer_layers import TransformerDecoderLayer, TransformerEncoderLayer
+
+__all__ = [
+    "ALiBi",
+    "Attention",
+    "AttentionHead",
+    "BahdanauAttention",
+    "FeedForward",
+    "HeadList",
+    "KVCache",
+    "LayerKVCache",
+    "LearnedPositionalEmbedding",
+    "LuongAttention",
+    "MultiheadAttention",
+    "RotaryEmbedding",
+    "SelfAttention",
+    "SinusoidalPositionalEncoding",
+    "SwiGLU",
+    "Transformer",
+    "TransformerDecoder",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerEncoderLayer",
+    "alibi_bias",
+    "alibi_slopes",
+    "apply_rotary",
+    "generate_square_subsequent_mask",
+    "make_feedforward",
+    "make_norm",
+    "rotary_cos_sin",
+    "rotate_half",
+    "sinusoidal_table",
+]

@@ -1,0 +1,311 @@
+"""Multi-head attention as models use it: project, split heads, attend, merge, project.
+
+    head_h = softmax(Q_h K_{g(h)}ᵀ / √D + bias + mask) V_{g(h)},   out = concat_h(head_h) W_o
+
+(Vaswani et al., 2017), with ``g(h) = h // (H / Hkv)`` for grouped-query attention (Ainslie et
+al., 2023; ``Hkv == H`` is ordinary multi-head, ``Hkv == 1`` multi-query). The module owns only
+the four projections; the arithmetic is :func:`qkv.scaled_dot_product_attention`, which runs the
+fused kernel whenever weights are not requested and the math backend when they are.
+
+Positions: an optional :class:`~qkv.nn.rope.RotaryEmbedding` rotates queries and keys (Su et
+al., 2021) and ``alibi=True`` adds linear distance biases to the scores (Press et al., 2022);
+both are for self-attention. With a :class:`~qkv.nn.cache.LayerKVCache` the new tokens are
+placed after the cached ones: rotary positions start at the cached length, and the causal mask
+and ALiBi are aligned bottom-right (the queries are the last ``T`` of the ``S`` keys).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from qkv.attention import masks
+from qkv.attention.sdpa import scaled_dot_product_attention
+from qkv.nn.alibi import alibi_bias
+from qkv.nn.cache import LayerKVCache
+from qkv.nn.rope import RotaryEmbedding
+
+__all__ = ["Attention"]
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _shape(t: Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+class Attention(nn.Module):
+    """Batch-first multi-head attention with grouped-query heads, RoPE, ALiBi and a KV cache.
+
+    Args:
+        d_model: model width ``E`` (of the queries' input and of the output).
+        num_heads: query heads ``H``.
+        num_kv_heads: key/value heads ``Hkv`` (default ``H``); ``H`` must be a multiple.
+        d_head: head width ``D`` (default ``E / H``).
+        d_context: width ``Ec`` of the cross-attention context (default ``E``).
+        bias: biases in the four projections.
+        dropout: dropout on the attention weights, applied in training mode only.
+        rope: rotary embedding applied to queries and keys (self-attention only).
+        alibi: add ALiBi distance biases (self-attention only).
+        alibi_symmetric: use ``-|i - j|`` distances (encoders) instead of causal ``j - i``.
+
+    Submodules ``q_proj (E -> H·D)``, ``k_proj (Ec -> Hkv·D)``, ``v_proj (Ec -> Hkv·D)`` and
+    ``out_proj (H·D -> E)`` are ``nn.Linear``; head ``h`` owns rows ``h·D .. (h+1)·D - 1`` of
+    ``q_proj`` and columns ``h·D .. (h+1)·D - 1`` of ``out_proj``.
+
+    Raises:
+        ValueError: non-positive sizes, ``d_model % num_heads != 0`` without ``d_head``,
+            ``num_heads % num_kv_heads != 0``, ``dropout`` outside ``[0, 1)``, a rope whose
+            ``d_head`` differs, or ``alibi_symmetric`` without ``alibi``.
+        TypeError: ``rope`` that is not a ``RotaryEmbedding``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        d_head: int | None = None,
+        d_context: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        rope: RotaryEmbedding | None = None,
+        alibi: bool = False,
+        alibi_symmetric: bool = False,
+    ) -> None:
+        super().__init__()
+        self.d_model = _positive_int("d_model", d_model)
+        self.num_heads = _positive_int("num_heads", num_heads)
+        self.num_kv_heads = _positive_int(
+            "num_kv_heads", num_heads if num_kv_heads is None else num_kv_heads
+        )
+        if num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads}) for grouped-query attention"
+            )
+        if d_head is None and d_model % num_heads:
+            raise ValueError(
+                f"d_model ({d_model}) must be divisible by num_heads ({num_heads}), or give "
+                "d_head explicitly"
+            )
+        self.d_head = _positive_int("d_head", d_model // num_heads if d_head is None else d_head)
+        self.d_context = _positive_int("d_context", d_model if d_context is None else d_context)
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not (
+            0.0 <= dropout < 1.0
+        ):
+            raise ValueError(f"dropout must be a number in [0, 1), got {dropout!r}")
+        self.dropout = float(dropout)
+        if rope is not None and not isinstance(rope, RotaryEmbedding):
+            raise TypeError(f"rope must be a RotaryEmbedding or None, got {type(rope).__name__}")
+        if rope is not None and rope.d_head != self.d_head:
+            raise ValueError(f"rope.d_head ({rope.d_head}) must equal d_head ({self.d_head})")
+        if alibi_symmetric and not alibi:
+            raise ValueError("alibi_symmetric=True needs alibi=True")
+        self.rope = rope
+        self.alibi = bool(alibi)
+        self.alibi_symmetric = bool(alibi_symmetric)
+
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.d_head
+        self.q_proj = nn.Linear(d_model, H * D, bias=bias)
+        self.k_proj = nn.Linear(self.d_context, Hkv * D, bias=bias)
+        self.v_proj = nn.Linear(self.d_context, Hkv * D, bias=bias)
+        self.out_proj = nn.Linear(H * D, d_model, bias=bias)
+
+    def extra_repr(self) -> str:
+        parts = [f"d_model={self.d_model}", f"num_heads={self.num_heads}"]
+        if self.num_kv_heads != self.num_heads:
+            parts.append(f"num_kv_heads={self.num_kv_heads}")
+        parts.append(f"d_head={self.d_head}")
+        if self.d_context != self.d_model:
+            parts.append(f"d_context={self.d_context}")
+        if self.dropout:
+            parts.append(f"dropout={self.dropout}")
+        if self.alibi:
+            parts.append("alibi=" + ("symmetric" if self.alibi_symmetric else "causal"))
+        return ", ".join(parts)
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        cache: LayerKVCache | None = None,
+        positions: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``x`` to itself (self-attention) or to ``context`` (cross-attention).
+
+        Args:
+            x: ``(B, T, E)`` queries' input.
+            context: ``(B, S, Ec)`` keys' and values' input (cross-attention), or None for
+                self-attention. Once ``cache`` holds static keys/values the context is not
+                projected again; passing it still selects cross-attention.
+            mask: boolean keep mask (True = may attend) or float mask added to the scores,
+                broadcastable to ``(B, H, T, S)``; ``S`` counts the cached keys too.
+            is_causal: hide keys after each query, aligned bottom-right (query ``i`` sees keys
+                ``j <= i + S - T``), which is top-left when ``T == S``.
+            cache: keys/values of earlier steps; self-attention appends to it, cross-attention
+                stores the projected context once (``set_static``) and reuses it.
+            positions: integer positions ``(T,)`` or ``(B, T)`` of the new tokens for RoPE
+                (default: ``cache.length + arange(T)``); only rotary embeddings read them.
+            need_weights: also return the attention weights.
+
+        Returns:
+            ``(out (B, T, E), weights (B, H, T, S))``, weights None unless ``need_weights``.
+            Query rows with no visible key give zero weights and a zero attention output
+            (``out`` is then ``out_proj``'s bias).
+
+        Raises:
+            TypeError: non-tensor inputs or masks, a cache that is not a ``LayerKVCache``.
+            ValueError: wrong ranks or widths, a context batch different from ``x``'s, no
+                context when ``d_context != d_model``, RoPE or ALiBi with a context, masks
+                that do not broadcast, cache mismatches.
+        """
+        self._check_inputs(x, context, mask, cache)
+        q = self._split(self.q_proj(x), self.num_heads)  # (B, H, T, D)
+        if context is None:
+            q, k, v = self._self_keys(x, q, cache, positions)
+        else:
+            k, v = self._cross_keys(context, cache, x.shape[0])
+        T, S = q.shape[2], k.shape[2]
+        attn_mask, causal_flag = self._mask(mask, is_causal, T, S, x)
+        result = scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=causal_flag,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+            need_weights=need_weights,
+        )
+        out, weights = result if need_weights else (result, None)
+        return self.out_proj(self._merge(out)), weights
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _split(self, y: Tensor, heads: int) -> Tensor:
+        """``(B, T, heads·D) -> (B, heads, T, D)``."""
+        B, T, _ = y.shape
+        return y.view(B, T, heads, self.d_head).transpose(1, 2)  # (B, heads, T, D)
+
+    def _merge(self, out: Tensor) -> Tensor:
+        """``(B, H, T, D) -> (B, T, H·D)``."""
+        B, H, T, D = out.shape
+        return out.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H·D)
+
+    def _self_keys(
+        self, x: Tensor, q: Tensor, cache: LayerKVCache | None, positions: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Project ``x`` to keys/values, rotate q and k, append to the cache."""
+        k = self._split(self.k_proj(x), self.num_kv_heads)  # (B, Hkv, T, D)
+        v = self._split(self.v_proj(x), self.num_kv_heads)  # (B, Hkv, T, D)
+        if self.rope is not None:
+            offset = 0 if cache is None else cache.length
+            q = self.rope(q, offset=offset, positions=positions)  # (B, H, T, D)
+            k = self.rope(k, offset=offset, positions=positions)  # (B, Hkv, T, D)
+        if cache is not None:
+            k, v = cache.update(k, v)  # (B, Hkv, S, D) with S = cached + T
+        return q, k, v
+
+    def _cross_keys(
+        self, context: Tensor, cache: LayerKVCache | None, batch: int
+    ) -> tuple[Tensor, Tensor]:
+        """Keys/values of the context, projected once per cache."""
+        if cache is not None and cache.static is not None:
+            k, v = cache.static  # (B, Hkv, S, D) each, projected at an earlier step
+            if k.shape[0] != batch:
+                raise ValueError(
+                    f"the cache's static keys have batch size {k.shape[0]} but x has {batch}; "
+                    "reorder() the cache or reset() it for a new batch"
+                )
+            return k, v
+        k = self._split(self.k_proj(context), self.num_kv_heads)  # (B, Hkv, S, D)
+        v = self._split(self.v_proj(context), self.num_kv_heads)  # (B, Hkv, S, D)
+        if cache is not None:
+            cache.set_static(k, v)
+        return k, v
+
+    def _mask(
+        self, mask: Tensor | None, is_causal: bool, T: int, S: int, x: Tensor
+    ) -> tuple[Tensor | None, bool]:
+        """Fold causality and ALiBi into one mask; returns ``(mask, is_causal flag for SDPA)``.
+
+        When ``T == S`` (no cache, or the first chunk into an empty one) top-left and
+        bottom-right alignment agree, so the causal flag goes to SDPA untouched (the fused
+        kernel's causal path); otherwise a bottom-right mask is built.
+        """
+        causal_mask = None
+        flag = bool(is_causal) and T == S
+        if is_causal and not flag:
+            causal_mask = masks.causal(T, S, align="bottom-right", device=x.device)  # (T, S)
+        bias = None
+        if self.alibi:
+            bias = alibi_bias(
+                self.num_heads, T, S, symmetric=self.alibi_symmetric, device=x.device,
+                dtype=x.dtype,
+            )  # (H, T, S)
+        # The bias goes first so the combined float mask keeps the input's dtype.
+        return masks.combine(bias, mask, causal_mask), flag
+
+    def _check_inputs(
+        self, x: object, context: object, mask: object, cache: object
+    ) -> None:
+        """Fail early, naming the argument, instead of deep inside a Linear or SDPA."""
+        self._check_tensor("x", x, self.d_model, "E")
+        assert isinstance(x, Tensor)
+        if context is None and self.d_context != self.d_model:
+            raise ValueError(
+                f"self-attention (context=None) projects x to keys, but d_context "
+                f"({self.d_context}) != d_model ({self.d_model}); pass a context of width "
+                f"{self.d_context}"
+            )
+        if context is not None:
+            self._check_tensor("context", context, self.d_context, "Ec")
+            assert isinstance(context, Tensor)
+            fresh = cache is None or getattr(cache, "static", None) is None
+            if fresh and context.shape[0] != x.shape[0]:
+                raise ValueError(
+                    f"context batch size {context.shape[0]} (shape {_shape(context)}) must "
+                    f"equal x's {x.shape[0]} (shape {_shape(x)})"
+                )
+            if self.rope is not None or self.alibi:
+                raise ValueError(
+                    "rope and alibi encode positions within one sequence; this module has "
+                    "them, so it cannot be called with a context (cross-attention)"
+                )
+        if mask is not None and not isinstance(mask, Tensor):
+            raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
+        if isinstance(mask, Tensor) and mask.dtype != torch.bool and not mask.is_floating_point():
+            raise TypeError(
+                "mask must be boolean (True = may attend) or floating point (added to the "
+                f"scores), got dtype {mask.dtype}"
+            )
+        if cache is not None and not isinstance(cache, LayerKVCache):
+            raise TypeError(
+                f"cache must be a LayerKVCache (e.g. kv_cache[layer]) or None, got "
+                f"{type(cache).__name__}"
+            )
+
+    def _check_tensor(self, name: str, t: object, width: int, symbol: str) -> None:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3 or t.shape[-1] != width:
+            raise ValueError(
+                f"{name} must have shape (B, {'T' if name == 'x' else 'S'}, {symbol}={width}), "
+                f"got {_shape(t)}"
+            )
+        weight = self.q_proj.weight
+        if t.dtype != weight.dtype and not torch.is_autocast_enabled(t.device.type):
+            raise TypeError(
+                f"{name} has dtype {t.dtype} but the module's parameters are {weight.dtype}; "
+                f"cast one of them (module.to({t.dtype}) or {name}.to({weight.dtype}))"
+            )

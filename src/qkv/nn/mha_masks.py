@@ -1,0 +1,144 @@
+"""Turn ``torch.nn.MultiheadAttention``'s masks into the one mask SDPA takes.
+
+``MultiheadAttention`` accepts up to three ways to hide keys, all in torch's *drop* polarity
+(bool True = ignore; float masks are added to the scores):
+
+* ``key_padding_mask`` ``(N, S)`` (``(S,)`` unbatched): keys to ignore, per sequence;
+* ``attn_mask`` ``(T, S)`` or ``(N·H, T, S)`` (``(H, T, S)`` unbatched): per query row;
+* ``is_causal``: a *hint* that ``attn_mask`` is the causal mask (see :func:`resolve_causal`).
+
+:func:`merge` converts both masks to SDPA *keep* polarity with :func:`qkv.masks.from_mha` and
+intersects them into one mask broadcastable to the scores ``(N, H, T, S)``; :func:`append_visible`
+opens the extra key columns of ``add_bias_kv`` and ``add_zero_attn``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from qkv.attention.masks import combine, from_mha
+
+__all__ = ["append_visible", "check_masks", "merge", "resolve_causal"]
+
+
+def _shape(t: Tensor) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def _check_dtype(name: str, mask: object) -> Tensor:
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(
+            f"{name} must be boolean (True = ignore, torch's MultiheadAttention polarity) or "
+            f"floating point (added to the scores), got dtype {mask.dtype}"
+        )
+    return mask
+
+
+def check_masks(
+    key_padding_mask: Tensor | None,
+    attn_mask: Tensor | None,
+    *,
+    batched: bool,
+    N: int,
+    H: int,
+    T: int,
+    S: int,
+) -> None:
+    """Check dtypes and shapes of the masks as the caller gave them (before unsqueezing).
+
+    Args:
+        key_padding_mask: expected ``(N, S)`` for batched inputs, ``(S,)`` unbatched.
+        attn_mask: expected ``(T, S)`` or ``(N·H, T, S)`` (``(H, T, S)`` unbatched).
+        batched: whether the query was 3-D.
+        N, H, T, S: batch size, query heads, query length, key length.
+
+    Raises:
+        TypeError: a mask that is neither bool nor float.
+        ValueError: a mask whose shape is not one of the expected ones.
+    """
+    if key_padding_mask is not None:
+        _check_dtype("key_padding_mask", key_padding_mask)
+        want = (N, S) if batched else (S,)
+        if _shape(key_padding_mask) != want:
+            layout = "(N, S)" if batched else "(S,) for unbatched inputs"
+            raise ValueError(
+                f"key_padding_mask must have shape {layout} = {want}, got "
+                f"{_shape(key_padding_mask)}"
+            )
+    if attn_mask is not None:
+        _check_dtype("attn_mask", attn_mask)
+        wants = [(T, S), (N * H, T, S)] if batched else [(T, S), (H, T, S)]
+        if _shape(attn_mask) not in wants:
+            layout = "(N·H, T, S)" if batched else "(H, T, S)"
+            raise ValueError(
+                f"attn_mask must have shape (T, S) = {wants[0]} or {layout} = {wants[1]}, got "
+                f"{_shape(attn_mask)}"
+            )
+
+
+def resolve_causal(
+    attn_mask: Tensor | None, is_causal: bool, *, has_padding: bool, need_weights: bool
+) -> tuple[Tensor | None, bool]:
+    """Apply torch's reading of the ``is_causal`` hint; returns ``(attn_mask, is_causal)``.
+
+    As in ``torch.nn.functional.multi_head_attention_forward``: the hint requires
+    ``attn_mask`` (which it asserts *is* the causal mask). With no padding mask and no
+    weights requested, the mask is dropped and the fused causal path (top-left aligned) runs
+    instead; otherwise the mask itself is used and the hint is ignored. The two agree
+    whenever the hint is true.
+
+    Raises:
+        ValueError: ``is_causal=True`` without ``attn_mask`` (torch raises too).
+    """
+    if not is_causal:
+        return attn_mask, False
+    if attn_mask is None:
+        raise ValueError(
+            "is_causal=True is a hint that attn_mask is the causal mask, so it needs attn_mask; "
+            "got attn_mask=None (build one with Transformer.generate_square_subsequent_mask)"
+        )
+    if has_padding or need_weights:
+        return attn_mask, False
+    return None, True
+
+
+def merge(
+    key_padding_mask: Tensor | None, attn_mask: Tensor | None, *, N: int, H: int
+) -> Tensor | None:
+    """One SDPA keep-or-float mask from torch-polarity masks; ``None`` if both are ``None``.
+
+    Args:
+        key_padding_mask: ``(N, S)`` bool (True = ignore) or float (added).
+        attn_mask: ``(T, S)`` or ``(N·H, T, S)``, bool (True = ignore) or float (added).
+        N, H: batch size and query heads, to unflatten a 3-D ``attn_mask``.
+
+    Returns:
+        A mask broadcastable to the scores ``(N, H, T, S)``: boolean (True = may attend) when
+        both masks are boolean, else a float mask equal to the sum of torch's additive forms,
+        exactly what ``multi_head_attention_forward`` adds to the scores.
+    """
+    padding = None
+    if key_padding_mask is not None:
+        padding = from_mha(key_padding_mask)[:, None, None, :]  # (N, 1, 1, S)
+    position = None
+    if attn_mask is not None:
+        position = from_mha(attn_mask)  # (T, S) or (N·H, T, S)
+        if position.dim() == 3:
+            position = position.reshape(N, H, *position.shape[1:])  # (N, H, T, S)
+    return combine(position, padding)
+
+
+def append_visible(mask: Tensor | None, n: int) -> Tensor | None:
+    """Append ``n`` always-visible key columns to ``mask`` (last dimension).
+
+    ``add_bias_kv`` and ``add_zero_attn`` append keys that every query may see: a True column
+    in a keep mask, a 0 column in a float mask (torch pads its masks with 0 the same way).
+    """
+    if mask is None or n == 0:
+        return mask
+    size = (*mask.shape[:-1], n)
+    visible = mask.new_zeros(size) if mask.is_floating_point() else mask.new_ones(size)
+    return torch.cat([mask, visible], dim=-1)  # (..., S + n)
