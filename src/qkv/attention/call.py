@@ -21,17 +21,21 @@ __all__ = ["AttentionCall", "make_call"]
 class AttentionCall:
     """One attention call after validation; what every backend consumes.
 
+    The mask is kept in parts so a backend can exploit their structure (skip blocks above the
+    causal diagonal, compute ALiBi per block) or materialise them with :func:`dense_mask`.
+
     Attributes:
         query: ``(B, H, T, D)``.
         key: ``(B, Hkv, S, D)``.
         value: ``(B, Hkv, S, Dv)``.
         mask: ``None``, a boolean *keep* mask (True = may attend) or a float mask added to the
-            scores, broadcastable to ``(B, H, T, S)`` and always 4-D. Dead rows (no visible
-            key) have already been opened up here; ``dead`` says which they are.
-        dead: ``None`` or a boolean ``(B|1, H|1, T, 1)`` marking query rows with no visible
-            key; the caller zeroes their outputs and weights after the backend ran.
-        is_causal: top-left causal masking still to apply (only set when ``mask`` is None, so
-            a backend can use a fused causal path).
+            scores; always 4-D, broadcastable to ``(B, H, T, S)``.
+        causal: ``None`` or the causal diagonal shift ``c``: query ``i`` sees keys
+            ``j <= i + c`` (0 is torch's top-left alignment, ``S - T`` bottom-right).
+        window: ``None`` or a sliding window ``w`` (with ``causal``): query ``i`` also hides
+            keys ``j <= i + c - w``.
+        alibi: ``None`` or per-head ALiBi slopes ``(H,)`` (float32): the scores get
+            ``-slope_h · |i + a - j|`` added, ``a`` the causal shift, else ``S - T``.
         scale: the factor applied to ``q·k`` (``1/sqrt(D)`` unless given).
         dropout_p: dropout on the attention weights (0 in evaluation).
         need_weights: whether the caller wants ``(B, H, T, S)`` weights back.
@@ -43,8 +47,9 @@ class AttentionCall:
     key: Tensor
     value: Tensor
     mask: Tensor | None
-    dead: Tensor | None
-    is_causal: bool
+    causal: int | None
+    window: int | None
+    alibi: Tensor | None
     scale: float
     dropout_p: float
     need_weights: bool
@@ -71,6 +76,16 @@ class AttentionCall:
     @property
     def S(self) -> int:
         return self.key.shape[2]
+
+    @property
+    def alibi_shift(self) -> int:
+        """Key position of query 0 for ALiBi distances."""
+        return self.causal if self.causal is not None else self.S - self.T
+
+    @property
+    def plain(self) -> bool:
+        """No mask of any kind: every query sees every key."""
+        return self.mask is None and self.causal is None and self.alibi is None
 
 
 def _shape(t: Tensor) -> str:
@@ -180,11 +195,95 @@ def _broadcast_mask(mask: Tensor, full: tuple[int, ...], name: str) -> Tensor:
     return m.reshape(math.prod(full[:-3]), *tail)  # (B, H|1, T|1, S|1)
 
 
-def _dead_rows(mask: Tensor) -> Tensor:
-    """Rows of a normalised mask with no visible key: ``(B|1, H|1, T|1, 1)`` bool."""
+def dead_rows(mask: Tensor) -> Tensor:
+    """Rows of a 4-D mask with no visible key: ``(B|1, H|1, T|1, 1)`` bool."""
     if mask.dtype == torch.bool:
         return ~mask.any(dim=-1, keepdim=True)
     return torch.isneginf(mask).all(dim=-1, keepdim=True)
+
+
+def structure_keep(
+    call: AttentionCall, rows: slice | None = None, cols: slice | None = None
+) -> Tensor | None:
+    """Keep mask ``(T', S')`` of the causal diagonal and window for a block, or None."""
+    if call.causal is None:
+        return None
+    r = range(call.T)[rows or slice(None)]
+    c = range(call.S)[cols or slice(None)]
+    device = call.query.device
+    i = torch.arange(r.start, r.stop, device=device)[:, None]  # (T', 1)
+    j = torch.arange(c.start, c.stop, device=device)[None, :]  # (1, S')
+    keep = j <= i + call.causal  # (T', S')
+    if call.window is not None:
+        keep &= j > i + call.causal - call.window
+    return keep
+
+
+def alibi_block(
+    call: AttentionCall, rows: slice | None = None, cols: slice | None = None
+) -> Tensor | None:
+    """ALiBi bias ``(H, T', S')`` in float32 for a block of queries and keys, or None."""
+    if call.alibi is None:
+        return None
+    r = range(call.T)[rows or slice(None)]
+    c = range(call.S)[cols or slice(None)]
+    device = call.query.device
+    i = torch.arange(r.start, r.stop, device=device, dtype=torch.float32)[:, None]  # (T', 1)
+    j = torch.arange(c.start, c.stop, device=device, dtype=torch.float32)[None, :]  # (1, S')
+    distance = (i + call.alibi_shift - j).abs()  # (T', S')
+    return -call.alibi[:, None, None] * distance  # (H, T', S')
+
+
+def dense_mask(call: AttentionCall) -> Tensor | None:
+    """Every mask part of ``call`` as one ``(B|1, H|1, T, S)`` tensor (bool keep or float).
+
+    Bool when only boolean parts exist, else float in the query's dtype. O(T·S) memory: the
+    structure-aware backends avoid calling it.
+    """
+    keep = structure_keep(call)
+    bias = alibi_block(call)
+    mask = call.mask
+    if keep is not None:
+        mask = keep[None, None] if mask is None else _and(mask, keep)
+    if bias is not None:
+        bias = bias.to(call.query.dtype)[None]  # (1, H, T, S)
+        if mask is None:
+            mask = bias
+        elif mask.dtype == torch.bool:
+            mask = bias.masked_fill(~mask, float("-inf"))
+        else:
+            mask = mask + bias
+    return mask
+
+
+def _and(mask: Tensor, keep: Tensor) -> Tensor:
+    if mask.dtype == torch.bool:
+        return mask & keep  # (B|1, H|1, T, S)
+    return torch.where(keep, mask, float("-inf"))  # (B|1, H|1, T, S)
+
+
+def _causal_shift(is_causal: bool | str, T: int, S: int) -> int | None:
+    if is_causal is False or is_causal is None:
+        return None
+    if is_causal is True or is_causal == "top-left":
+        return 0
+    if is_causal == "bottom-right":
+        return S - T
+    raise ValueError(
+        f"is_causal must be a bool, 'top-left' or 'bottom-right', got {is_causal!r}"
+    )
+
+
+def _check_alibi(alibi_slopes: object, H: int, query: Tensor) -> Tensor | None:
+    if alibi_slopes is None:
+        return None
+    if not isinstance(alibi_slopes, Tensor) or not alibi_slopes.is_floating_point():
+        raise TypeError(f"alibi_slopes must be a float tensor of shape (H,) = ({H},)")
+    if tuple(alibi_slopes.shape) != (H,):
+        raise ValueError(
+            f"alibi_slopes must have shape (H,) = ({H},), got {_shape(alibi_slopes)}"
+        )
+    return alibi_slopes.detach().to(device=query.device, dtype=torch.float32)
 
 
 def make_call(
@@ -193,17 +292,20 @@ def make_call(
     value: Tensor,
     attn_mask: Tensor | None,
     dropout_p: float,
-    is_causal: bool,
+    is_causal: bool | str,
     scale: float | None,
     enable_gqa: bool,
     need_weights: bool,
+    window: int | None = None,
+    alibi_slopes: Tensor | None = None,
 ) -> AttentionCall:
     """Check every argument and build the :class:`AttentionCall` (see ``sdpa`` for rules).
 
     Raises:
         TypeError: non-tensor or non-float inputs, mixed dtypes, integer masks.
         ValueError: wrong ranks or widths, length or head mismatches, masks that do not
-            broadcast or contain NaN, bad ``dropout_p`` or ``scale``.
+            broadcast or contain NaN or +inf, bad ``dropout_p``, ``scale``, ``is_causal``,
+            ``window`` or ``alibi_slopes``.
     """
     _check_inputs(query, key, value, enable_gqa)
     if not isinstance(dropout_p, (int, float)) or not 0.0 <= float(dropout_p) < 1.0:
@@ -225,66 +327,60 @@ def make_call(
     k = key.reshape(B, Hkv, S, D)  # (B, Hkv, S, D)
     v = value.reshape(B, Hkv, S, value.shape[-1])  # (B, Hkv, S, Dv)
 
-    # 2) Normalise the mask to 4-D keep-bool or additive float, folding in is_causal.
+    # 2) The mask parts: a dense user mask (4-D keep-bool or additive float), the causal
+    #    diagonal, a sliding window and ALiBi slopes, kept apart for the backends.
     mask = None
     if attn_mask is not None:
-        if not isinstance(attn_mask, Tensor):
-            raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask)}")
-        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
-            raise TypeError(
-                "attn_mask must be boolean (True = may attend) or floating point (added to the "
-                f"scores), got dtype {attn_mask.dtype}"
-            )
-        if attn_mask.device != query.device:
-            raise ValueError(
-                f"attn_mask is on {attn_mask.device} but query is on {query.device}"
-            )
-        full = (*batch_shape, H, T, S)
-        if squeeze_heads and attn_mask.dim() == 3:
-            raise ValueError(
-                f"attn_mask of shape {_shape(attn_mask)} has a head dimension but the inputs "
-                f"are 2-D (T, D) = ({T}, {D}); expected a mask broadcastable to ({T}, {S})"
-            )
-        mask = _broadcast_mask(attn_mask, full, "attn_mask")
-        if mask.is_floating_point():
-            if torch.isnan(mask).any():
-                raise ValueError("attn_mask contains NaN; use -inf to hide a key")
-            if torch.isposinf(mask).any():
-                raise ValueError(
-                    "attn_mask contains +inf, which makes the softmax NaN; use large finite "
-                    "values to favour a key"
-                )
-            mask = mask.to(query.dtype)
-    if is_causal and mask is not None:
-        keep = torch.ones(T, S, dtype=torch.bool, device=query.device).tril()  # (T, S)
-        if mask.dtype == torch.bool:
-            mask = mask & keep
-        else:
-            mask = torch.where(keep, mask, float("-inf"))  # (B|1, H|1, T, S)
-        is_causal = False
-
-    # 3) Rows with no visible key: open them up so no backend ever sees an all -inf row (the
-    #    source of NaN in values *and* gradients), and remember them to zero afterwards.
-    dead = None
-    if mask is not None and T > 0 and S > 0:
-        rows = _dead_rows(mask)
-        if bool(rows.any()):
-            dead = rows
-            if mask.dtype == torch.bool:
-                mask = mask | rows
-            else:
-                mask = mask.masked_fill(rows, 0.0)
+        mask = _normalise_mask(attn_mask, query, (*batch_shape, H, T, S), squeeze_heads)
+    causal = _causal_shift(is_causal, T, S)
+    if window is not None:
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise ValueError(f"window must be a positive int or None, got {window!r}")
+        if causal is None:
+            raise ValueError("window (a sliding causal window) needs is_causal")
 
     return AttentionCall(
         query=q,
         key=k,
         value=v,
         mask=mask,
-        dead=dead,
-        is_causal=bool(is_causal),
+        causal=causal,
+        window=window,
+        alibi=_check_alibi(alibi_slopes, H, query),
         scale=float(scale) if scale is not None else 1.0 / math.sqrt(D) if D > 0 else 1.0,
         dropout_p=float(dropout_p),
         need_weights=bool(need_weights),
         batch_shape=batch_shape,
         squeeze_heads=squeeze_heads,
     )
+
+
+def _normalise_mask(
+    attn_mask: object, query: Tensor, full: tuple[int, ...], squeeze_heads: bool
+) -> Tensor:
+    if not isinstance(attn_mask, Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask)}")
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise TypeError(
+            "attn_mask must be boolean (True = may attend) or floating point (added to the "
+            f"scores), got dtype {attn_mask.dtype}"
+        )
+    if attn_mask.device != query.device:
+        raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {query.device}")
+    if squeeze_heads and attn_mask.dim() == 3:
+        T, S = full[-2:]
+        raise ValueError(
+            f"attn_mask of shape {_shape(attn_mask)} has a head dimension but the inputs "
+            f"are 2-D (T, D); expected a mask broadcastable to ({T}, {S})"
+        )
+    mask = _broadcast_mask(attn_mask, full, "attn_mask")
+    if mask.is_floating_point():
+        if torch.isnan(mask).any():
+            raise ValueError("attn_mask contains NaN; use -inf to hide a key")
+        if torch.isposinf(mask).any():
+            raise ValueError(
+                "attn_mask contains +inf, which makes the softmax NaN; use large finite "
+                "values to favour a key"
+            )
+        mask = mask.to(query.dtype)
+    return mask

@@ -23,12 +23,14 @@ def scaled_dot_product_attention(
     value: Tensor,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
-    is_causal: bool = False,
+    is_causal: bool | str = False,
     scale: float | None = None,
     enable_gqa: bool = False,
     *,
     need_weights: bool = False,
     backend: str = "auto",
+    window: int | None = None,
+    alibi_slopes: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Scaled dot-product attention with the semantics of torch's, plus weights on request.
 
@@ -40,15 +42,22 @@ def scaled_dot_product_attention(
             added to the scores (``-inf`` hides a key). Broadcastable to ``(..., H, T, S)``.
         dropout_p: probability of zeroing an attention weight; applied only when > 0, so pass
             0 in evaluation.
-        is_causal: hide keys after the query, aligned top-left as in torch (query ``i`` sees
-            keys ``j <= i``). Combined with ``attn_mask`` by logical and. For bottom-right
-            alignment or a decoding offset build the mask with :func:`qkv.masks.causal`.
+        is_causal: hide keys after the query. ``True`` (or ``"top-left"``) aligns top-left
+            as torch does (query ``i`` sees keys ``j <= i``); ``"bottom-right"`` aligns the
+            last query with the last key (decoding after ``S - T`` cached keys). Combined with
+            ``attn_mask`` by logical and. Other offsets: :func:`qkv.masks.causal`.
         scale: factor on ``q·k``; ``1/sqrt(D)`` when None.
         enable_gqa: allow grouped-query attention, ``H`` a multiple of ``Hkv``; query head
             ``h`` reads key/value head ``h // (H / Hkv)`` as in torch.
         need_weights: also return the attention weights.
         backend: ``"auto"`` (the fastest backend that can honour the call), ``"torch"``
-            (torch's fused kernel) or ``"math"`` (the textbook steps, returns weights).
+            (torch's fused kernel), ``"flash"`` (qkv's blockwise kernel) or ``"math"`` (the
+            textbook steps).
+        window: keyword-only extra: a sliding causal window; query ``i`` sees only the
+            ``window`` keys ending at its diagonal (needs ``is_causal``).
+        alibi_slopes: keyword-only extra: ``(H,)`` ALiBi slopes; adds
+            ``-slope_h · |i + shift - j|`` to the scores, ``shift`` the causal diagonal
+            (``S - T`` without ``is_causal``), as in Press et al., 2022.
 
     Returns:
         The output ``(..., H, T, Dv)``, or ``(output, weights)`` with weights ``(..., H, T, S)``
@@ -63,7 +72,8 @@ def scaled_dot_product_attention(
             call (``backend="torch"`` with ``need_weights=True``).
     """
     call = make_call(
-        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, need_weights
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, need_weights,
+        window, alibi_slopes,
     )
     impl = dispatch.select(call, backend)
     out, weights = impl.run(call)
@@ -73,11 +83,7 @@ def scaled_dot_product_attention(
 def _finish(
     call: AttentionCall, out: Tensor, weights: Tensor | None
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """Zero dead rows and restore the caller's leading dimensions."""
-    if call.dead is not None:
-        out = out.masked_fill(call.dead, 0.0)  # (B, H, T, Dv)
-        if weights is not None:
-            weights = weights.masked_fill(call.dead, 0.0)  # (B, H, T, S)
+    """Restore the caller's leading dimensions."""
     lead = call.batch_shape
     out = out.reshape(*lead, *out.shape[1:])  # (..., H, T, Dv)
     if call.squeeze_heads:
@@ -97,12 +103,14 @@ def explain(
     value: Tensor,
     attn_mask: Tensor | None = None,
     dropout_p: float = 0.0,
-    is_causal: bool = False,
+    is_causal: bool | str = False,
     scale: float | None = None,
     enable_gqa: bool = False,
     *,
     need_weights: bool = False,
     backend: str = "auto",
+    window: int | None = None,
+    alibi_slopes: Tensor | None = None,
 ) -> Explanation:
     """Say which backend ``scaled_dot_product_attention`` would run for these arguments.
 
@@ -113,7 +121,8 @@ def explain(
     reads as a short report.
     """
     call = make_call(
-        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, need_weights
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, need_weights,
+        window, alibi_slopes,
     )
     decision = dispatch.decide(call)
     if backend == "auto":

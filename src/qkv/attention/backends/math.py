@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from qkv.attention.call import AttentionCall
+from qkv.attention.call import AttentionCall, dense_mask
 
 NAME = "math"
 
@@ -21,31 +21,44 @@ def why_not(call: AttentionCall) -> str | None:
     return None
 
 
+def softmax_rows(scores: Tensor) -> Tensor:
+    """Softmax over the last dimension in which a row of only ``-inf`` gives zeros, not NaN.
+
+    Equal to ``torch.softmax`` on every other row. The row maximum is detached: softmax does
+    not depend on it, so it only keeps ``exp`` in range and needs no gradient.
+    """
+    if scores.shape[-1] == 0:
+        return scores  # no keys: an empty row of weights
+    top = scores.amax(dim=-1, keepdim=True).detach()
+    top = top.masked_fill(torch.isneginf(top), 0.0)  # hidden rows: exp(-inf - 0) = 0
+    e = torch.exp(scores - top)
+    total = e.sum(dim=-1, keepdim=True)
+    return e / total.masked_fill(total == 0, 1.0)
+
+
 def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     """Attention by its definition: output ``(B, H, T, Dv)``, weights ``(B, H, T, S)``."""
     q, k, v = call.query, call.key, call.value
     B, H, T, D = q.shape
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
     G = call.groups
+    acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
 
     q_grouped = q.reshape(B, Hkv, G * T, D)  # (B, Hkv, G·T, D): G query heads share one K
     # 1) Scores: every query against every key.
     scores = q_grouped @ k.transpose(-2, -1)  # (B, Hkv, G·T, S)
-    scores = scores.reshape(B, H, T, S)  # (B, H, T, S)
+    scores = scores.reshape(B, H, T, S).to(acc)  # (B, H, T, S)
     # 2) Scale by 1/sqrt(D) (or the caller's scale) so the softmax does not saturate.
     scores = scores * call.scale
-    # 3) Mask: hidden keys get -inf (weight exactly 0); float masks are added.
-    if call.is_causal:
-        causal = torch.ones(T, S, dtype=torch.bool, device=q.device).tril()  # (T, S)
-        scores = scores.masked_fill(~causal, float("-inf"))
-    if call.mask is not None:
-        if call.mask.dtype == torch.bool:
-            scores = scores.masked_fill(~call.mask, float("-inf"))
+    # 3) Mask: hidden keys get -inf (weight exactly 0); float masks and ALiBi are added.
+    mask = dense_mask(call)
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
         else:
-            scores = scores + call.mask
-    # 4) Softmax over the keys; half precision accumulates in float32.
-    acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    weights = torch.softmax(scores, dim=-1, dtype=acc).to(q.dtype)
+            scores = scores + mask.to(acc)
+    # 4) Softmax over the keys (half precision accumulates in float32).
+    weights = softmax_rows(scores).to(q.dtype)
     # 5) Dropout on the weights (training only: the caller passes 0 in evaluation).
     applied = weights
     if call.dropout_p > 0.0:

@@ -1,17 +1,19 @@
 """The fused backend: ``torch.nn.functional.scaled_dot_product_attention``.
 
 On CPU torch picks its flash-attention kernel (blockwise, O(T) memory) when it can, else its
-math kernel. It never returns weights. Grouped-query attention without a mask folds the query
-heads of a group into the query length, so K and V are not repeated; with a mask or causal
-masking it uses torch's own ``enable_gqa``.
+math kernel. It never returns weights. Structured masks (a causal diagonal other than
+top-left, sliding windows, ALiBi) are materialised into a dense ``(T, S)`` mask first.
+Grouped-query attention without a mask folds the query heads of a group into the query
+length, so K and V are not repeated; with a mask it uses torch's own ``enable_gqa``.
 """
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from qkv.attention.call import AttentionCall
+from qkv.attention.call import AttentionCall, dead_rows, dense_mask
 
 NAME = "torch"
 
@@ -30,7 +32,7 @@ def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     q, k, v = call.query, call.key, call.value
     B, H, T, D = q.shape
     G = call.groups
-    if G > 1 and call.mask is None and not call.is_causal:
+    if call.plain and G > 1:
         # No mask depends on the query index, so the G query heads of a group can ride
         # along the query length: one call, K and V read once and never copied.
         q_folded = q.reshape(B, k.shape[1], G * T, D)  # (B, Hkv, G·T, D)
@@ -38,14 +40,25 @@ def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
             q_folded, k, v, dropout_p=call.dropout_p, scale=call.scale
         )  # (B, Hkv, G·T, Dv)
         return out.reshape(B, H, T, v.shape[-1]), None  # (B, H, T, Dv)
+    top_left_only = call.mask is None and call.alibi is None and call.window is None
+    if call.causal == 0 and top_left_only:
+        out = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=call.dropout_p, is_causal=True, scale=call.scale,
+            enable_gqa=G > 1,
+        )  # (B, H, T, Dv)
+        return out, None
+    mask = dense_mask(call)
+    # Rows with no visible key are opened up so the kernel never sees an all -inf row (NaN
+    # in values and gradients on some torch versions), then zeroed.
+    dead = None if mask is None else dead_rows(mask)
+    if dead is not None and bool(dead.any()):
+        mask = mask | dead if mask.dtype == torch.bool else mask.masked_fill(dead, 0.0)
+    else:
+        dead = None
     out = F.scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        attn_mask=call.mask,
-        dropout_p=call.dropout_p,
-        is_causal=call.is_causal,
-        scale=call.scale,
-        enable_gqa=G > 1,
+        q, k, v, attn_mask=mask, dropout_p=call.dropout_p, scale=call.scale, enable_gqa=G > 1
     )  # (B, H, T, Dv)
+    if dead is not None:
+        out = out.masked_fill(dead, 0.0)
     return out, None
+
