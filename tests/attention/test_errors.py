@@ -134,7 +134,7 @@ def test_mixed_devices():
 
 def test_unknown_backend():
     q, k, v = qkv_()
-    with pytest.raises(ValueError, match=r"backend must be one of 'auto', 'torch', 'math'.*got 'cuda'"):
+    with pytest.raises(ValueError, match=r"backend must be one of 'auto', 'torch', 'flash', 'math', got 'cuda'"):
         sdpa(q, k, v, backend="cuda")
 
 
@@ -161,6 +161,39 @@ def test_bad_scale():
     q, k, v = qkv_()
     with pytest.raises(ValueError, match=r"scale must be a finite number or None, got inf"):
         sdpa(q, k, v, scale=float("inf"))
+
+
+def test_bad_is_causal():
+    q, k, v = qkv_()
+    with pytest.raises(ValueError, match=r"is_causal must be a bool, 'top-left' or 'bottom-right', got 'top'"):
+        sdpa(q, k, v, is_causal="top")
+
+
+@pytest.mark.parametrize("w", [0, -2, 1.5, True])
+def test_bad_window(w):
+    q, k, v = qkv_()
+    with pytest.raises(ValueError, match=r"window must be a positive int or None"):
+        sdpa(q, k, v, is_causal=True, window=w)
+
+
+def test_window_needs_causal():
+    q, k, v = qkv_()
+    with pytest.raises(ValueError, match=r"window \(a sliding causal window\) needs is_causal"):
+        sdpa(q, k, v, window=3)
+
+
+def test_bad_alibi_slopes():
+    q, k, v = qkv_()
+    with pytest.raises(ValueError, match=r"alibi_slopes must have shape \(H,\) = \(2,\), got \(3,\)"):
+        sdpa(q, k, v, alibi_slopes=torch.ones(3))
+    with pytest.raises(TypeError, match=r"alibi_slopes must be a float tensor"):
+        sdpa(q, k, v, alibi_slopes=[0.5, 0.25])
+
+
+def test_flash_refuses_weights_with_dropout():
+    q, k, v = qkv_()
+    with pytest.raises(ValueError, match=r"backend='flash' cannot honour this call: weights after dropout"):
+        sdpa(q, k, v, dropout_p=0.1, need_weights=True, backend="flash")
 
 
 def test_explain_validates_too():

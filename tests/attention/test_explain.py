@@ -20,18 +20,40 @@ def test_auto_picks_torch_without_weights():
     assert e.shapes == {"B": 1, "H": 2, "Hkv": 2, "T": 8, "S": 8, "D": 8, "Dv": 8}
 
 
-def test_auto_picks_math_for_weights():
+def test_auto_picks_flash_for_weights():
+    """Weights never force the O(T·S) math path on the output: flash + weights from its lse."""
     e = qkv.explain(*inputs(), need_weights=True)
-    assert e.chosen == "math"
+    assert e.chosen == "flash"
     assert "does not return attention weights" in e.reasons["torch"]
     assert "torch: not chosen, the fused kernel does not return attention weights" in str(e)
+
+
+def test_auto_picks_math_for_weights_after_dropout():
+    e = qkv.explain(*inputs(), need_weights=True, dropout_p=0.1)
+    assert e.chosen == "math" and "dropout" in e.reasons["flash"]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"alibi_slopes": torch.tensor([0.5, 0.25])},
+        {"is_causal": True, "window": 4},
+        {"is_causal": "bottom-right"},
+    ],
+)
+def test_auto_streams_structured_masks_with_flash(kwargs):
+    e = qkv.explain(*inputs(T=4), **kwargs)
+    assert e.chosen == "flash"
+    assert "dense (T, S) mask" in e.reasons["torch"]
 
 
 def test_auto_picks_math_for_empty():
     assert qkv.explain(*inputs(S=0)).chosen == "math"
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"need_weights": True}, {"is_causal": True}])
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"need_weights": True}, {"is_causal": True}, {"is_causal": "bottom-right"}]
+)
 def test_explain_agrees_with_what_runs(kwargs, monkeypatch):
     """The backend explain names is the one scaled_dot_product_attention actually runs."""
     from qkv.attention import dispatch

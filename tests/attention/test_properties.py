@@ -21,7 +21,7 @@ dims = st.fixed_dictionaries(
         "S": st.integers(1, 11),
         "D": st.integers(1, 12),
         "seed": st.integers(0, 2**16),
-        "backend": st.sampled_from(["math", "torch", "auto"]),
+        "backend": st.sampled_from(["math", "torch", "flash", "auto"]),
         "density": st.floats(0.0, 1.0),
     }
 )

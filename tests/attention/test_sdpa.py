@@ -12,7 +12,17 @@ import qkv
 from helpers import assert_close, max_error
 from qkv import masks
 
-BACKENDS = ["math", "torch", "auto"]
+BACKENDS = ["math", "torch", "flash", "auto"]
+
+
+@pytest.fixture(autouse=True)
+def tiny_flash_blocks(monkeypatch):
+    """Small flash tiles, so that every shape here is cut into many partial and full tiles."""
+    from qkv.attention import flash_blocks
+
+    monkeypatch.setattr(
+        flash_blocks, "BLOCKS", {"float32": (16, 32), "bfloat16": (16, 32), "float64": (8, 16)}
+    )
 
 # (batch dims, H, Hkv, T, S, D, Dv)
 SHAPES = [
@@ -151,7 +161,7 @@ def test_bfloat16_error_within_twice_plain_torch(backend, lead, H, Hkv, T, S, D,
     assert err <= 2 * plain_err + 1e-3, f"bfloat16 max error {err:.3e} > 2 x plain {plain_err:.3e}"
 
 
-@pytest.mark.parametrize("backend", ["math", "torch"])
+@pytest.mark.parametrize("backend", ["math", "torch", "flash"])
 @pytest.mark.parametrize("mask_kind", ["none", "bool2d", "float", "causal+bool"])
 def test_gradcheck(backend, mask_kind):
     q, k, v = make_inputs((1,), 4, 2, 3, 5, 4, 3, torch.float64)
@@ -187,7 +197,7 @@ def test_every_key_hidden_float_mask(backend):
     assert out.abs().max() == 0
 
 
-@pytest.mark.parametrize("backend", ["math", "auto"])  # "torch" refuses: see test_errors
+@pytest.mark.parametrize("backend", ["math", "auto"])  # torch and flash refuse: test_errors
 @pytest.mark.parametrize(("T", "S"), [(0, 5), (4, 0), (0, 0)])
 def test_empty_sequences(backend, T, S):
     q, k, v = make_inputs((2,), 2, 2, T, S, 4, 3, torch.float32)
@@ -214,7 +224,7 @@ def test_two_dimensional_inputs():
     assert_close(out, F.scaled_dot_product_attention(q, k, v), atol=1e-10, name="2-D output")
 
 
-@pytest.mark.parametrize("backend", ["math", "torch"])
+@pytest.mark.parametrize("backend", ["math", "torch", "flash"])
 def test_dropout(backend):
     q, k, v = make_inputs((2,), 2, 2, 16, 16, 8, 8, torch.float32)
     torch.manual_seed(0)

@@ -17,10 +17,11 @@ __all__ = ["BACKENDS", "PREFERENCE", "Explanation", "decide", "select"]
 
 BACKENDS: dict[str, ModuleType] = {
     backends.torch_kernel.NAME: backends.torch_kernel,
+    backends.flash.NAME: backends.flash,
     backends.math.NAME: backends.math,
 }
 # Fastest first; ``auto`` takes the first that can honour the call.
-PREFERENCE: tuple[str, ...] = ("torch", "math")
+PREFERENCE: tuple[str, ...] = ("torch", "flash", "math")
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,21 @@ class Explanation:
         return "\n".join(lines)
 
 
+def _why_not_auto(name: str, call: AttentionCall) -> str | None:
+    """Why ``auto`` skips a backend: it cannot honour the call, or another serves it better."""
+    module = BACKENDS[name]
+    why = module.why_not(call)
+    if why is None and hasattr(module, "prefer_not"):
+        why = module.prefer_not(call)
+    return why
+
+
 def decide(call: AttentionCall) -> Explanation:
     """Run the ``auto`` policy on ``call`` and record every reason."""
     reasons: dict[str, str] = {}
     chosen = None
     for name in PREFERENCE:
-        why = BACKENDS[name].why_not(call)
+        why = _why_not_auto(name, call)
         if chosen is None and why is None:
             chosen = name
         elif why is not None:

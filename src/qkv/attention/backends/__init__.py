@@ -5,6 +5,6 @@ honour the call) and ``run(call) -> (output (B, H, T, Dv), weights (B, H, T, S) 
 Dead rows (no visible key) are zeroed by the caller, not by the backend.
 """
 
-from qkv.attention.backends import math, torch_kernel
+from qkv.attention.backends import flash, math, torch_kernel
 
-__all__ = ["math", "torch_kernel"]
+__all__ = ["flash", "math", "torch_kernel"]

@@ -27,6 +27,23 @@ def why_not(call: AttentionCall) -> str | None:
     return None
 
 
+def prefer_not(call: AttentionCall) -> str | None:
+    """Why ``auto`` should leave a call it could run to another backend, or ``None``."""
+    parts = []
+    if call.alibi is not None:
+        parts.append("ALiBi")
+    if call.window is not None:
+        parts.append("a sliding window")
+    if call.causal not in (None, 0):
+        parts.append("a causal offset")
+    if parts:
+        return (
+            f"{' and '.join(parts)} would be materialised as a dense (T, S) mask; "
+            "flash computes them per tile"
+        )
+    return None
+
+
 def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     """Output ``(B, H, T, Dv)`` from torch's fused kernel; weights are never returned."""
     q, k, v = call.query, call.key, call.value

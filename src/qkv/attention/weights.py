@@ -1,0 +1,93 @@
+"""Exact attention weights rebuilt from the log-sum-exp, for chosen heads and query rows.
+
+A fast kernel returns the output and ``lse[b, h, i] = log Σ_j exp(s_ij)``; the weights are
+then ``exp(s_ij - lse_i)`` for any subset of heads and rows, computed from ``q`` and ``k``
+alone. Asking for the weights of 2 heads out of 32, or of the last query row, costs only that
+slice: the output never has to go through the O(T·S) math path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from qkv.attention.call import AttentionCall, alibi_block, make_call, structure_keep
+
+__all__ = ["attention_weights", "rebuild"]
+
+
+def rebuild(
+    call: AttentionCall,
+    lse: Tensor,
+    *,
+    heads: Sequence[int] | None = None,
+    rows: slice | None = None,
+) -> Tensor:
+    """Weights ``(B, H', T', S)`` of ``call`` from its ``lse (B, H, T)``.
+
+    ``heads`` selects query heads (default all), ``rows`` a slice of query rows (default all).
+    Rows with no visible key (``lse = -inf``) get zero weights.
+    """
+    q, k = call.query, call.key
+    B, H, T, D = q.shape
+    G = call.groups
+    head_idx = torch.arange(H, device=q.device) if heads is None else torch.as_tensor(
+        list(heads), device=q.device, dtype=torch.long
+    )
+    rows = rows or slice(None)
+    acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    qs = q[:, head_idx, rows]  # (B, H', T', D)
+    ks = k[:, head_idx // G]  # (B, H', S, D): the key/value head each query head reads
+    s = (qs @ ks.transpose(-2, -1)).to(acc) * call.scale  # (B, H', T', S)
+    keep = structure_keep(call, rows=rows)
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
+    bias = alibi_block(call, rows=rows)
+    if bias is not None:
+        s = s + bias[head_idx].to(acc)
+    if call.mask is not None:
+        m = call.mask
+        m = m[:, head_idx] if m.shape[1] > 1 else m
+        m = m[:, :, rows] if m.shape[2] > 1 else m
+        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.to(acc)
+    l = lse[:, head_idx, rows].to(acc)[..., None]  # (B, H', T', 1)
+    l = l.masked_fill(torch.isneginf(l), float("inf"))  # rows with no key: exp(-inf) = 0
+    return torch.exp(s - l).to(q.dtype)
+
+
+def attention_weights(
+    query: Tensor,
+    key: Tensor,
+    lse: Tensor,
+    attn_mask: Tensor | None = None,
+    is_causal: bool | str = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    window: int | None = None,
+    alibi_slopes: Tensor | None = None,
+    heads: Sequence[int] | None = None,
+    rows: slice | None = None,
+) -> Tensor:
+    """Exact softmax weights from ``query (..., H, T, D)``, ``key (..., Hkv, S, D)`` and the
+    ``lse (..., H, T)`` a flash call returned, for the chosen ``heads`` and ``rows`` only.
+
+    Mask arguments mean what they mean in :func:`qkv.scaled_dot_product_attention` and must
+    be the ones the lse was computed with. Returns ``(..., H', T', S)``.
+
+    Raises:
+        ValueError: ``lse`` of the wrong shape, and every error of the attention call.
+    """
+    call = make_call(
+        query, key, key, attn_mask, 0.0, is_causal, scale, enable_gqa, True, window,
+        alibi_slopes,
+    )
+    expected = (*call.batch_shape, call.num_heads, call.T)
+    if not isinstance(lse, Tensor) or tuple(lse.shape) != expected:
+        got = tuple(lse.shape) if isinstance(lse, Tensor) else type(lse).__name__
+        raise ValueError(f"lse must have shape (..., H, T) = {expected}, got {got}")
+    lse4 = lse.reshape(-1, call.num_heads, call.T)  # (B, H, T)
+    w = rebuild(call, lse4, heads=heads, rows=rows)  # (B, H', T', S)
+    return w.reshape(*call.batch_shape, *w.shape[1:])  # (..., H', T', S)
