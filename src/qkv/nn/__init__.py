@@ -3,6 +3,7 @@
 from qkv.nn.additive import BahdanauAttention, LuongAttention
 from qkv.nn.alibi import ALiBi, alibi_bias, alibi_slopes
 from qkv.nn.attention import Attention
+from qkv.nn.block import TransformerBlock
 from qkv.nn.cache import KVCache, LayerKVCache
 from qkv.nn.feedforward import FeedForward, SwiGLU, make_feedforward
 from qkv.nn.heads import AttentionHead, HeadList, SelfAttention
@@ -39,6 +40,7 @@ __all__ = [
     "SinusoidalPositionalEncoding",
     "SwiGLU",
     "Transformer",
+    "TransformerBlock",
     "TransformerDecoder",
     "TransformerDecoderLayer",
     "TransformerEncoder",

@@ -121,8 +121,9 @@ class SinusoidalPositionalEncoding(nn.Module):
     ) -> Tensor:
         """Rows ``offset .. offset + T - 1`` of the table, ``(T, E)``, in ``dtype``.
 
-        Float64 requests are computed afresh in float64 (the buffer is float32), so double
-        precision inputs get double precision positions.
+        Float64 requests are computed afresh in float64 (the buffer holds float32 values,
+        even after ``module.double()`` casts it), so double precision inputs get double
+        precision positions.
 
         Raises:
             ValueError: negative or non-int ``T`` or ``offset``.
@@ -130,7 +131,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         _check_size("T", T, minimum=0)
         _check_size("offset", offset, minimum=0)
         dtype = self.pe.dtype if dtype is None else dtype
-        if dtype == torch.float64 and self.pe.dtype != torch.float64:
+        if dtype == torch.float64:
             positions = torch.arange(offset, offset + T, dtype=torch.float64, device=self.pe.device)
             return _sinusoid(positions, self.d_model, self.base)  # (T, E)
         if offset + T > self.max_len:

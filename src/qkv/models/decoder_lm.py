@@ -1,0 +1,261 @@
+"""Decoder-only language model: GPT-2 style and Llama style as two configurations of one class.
+
+    h_0 = embed(ids) (+ positions)
+    h_l = block_l(h_{l-1})            causal self-attention + feed-forward, l = 1..L
+    logits = lm_head(norm_f(h_L))     (norm_f only with pre-norm)
+
+GPT-2 (Radford et al., 2019): learned positions, LayerNorm, GELU (tanh), pre-norm, biases.
+Llama (Touvron et al., 2023): RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases. The
+difference is entirely in :class:`DecoderLMConfig`; the model is assembled from the same parts
+(:class:`~qkv.nn.TransformerBlock`, :func:`~qkv.models.parts.make_positions`, ``make_norm``).
+
+Padding: batches of prompts are left-padded for generation; pass ``attention_mask`` (1 = real
+token) over every cached and new position and ``positions`` counting only real tokens, and each
+row computes what it computes alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor, nn
+
+from qkv.models.config import ACTIVATIONS, NORM_KINDS, NORM_PLACEMENTS, POSITIONS, ConfigBase
+from qkv.models.parts import (
+    ModelBase,
+    add_positions,
+    check_cache,
+    check_ids,
+    check_length,
+    check_positions,
+    init_gpt_style,
+    make_positions,
+    padding_keep_mask,
+)
+from qkv.nn.block import TransformerBlock
+from qkv.nn.cache import KVCache
+from qkv.nn.norms import make_norm
+
+__all__ = ["DecoderLM", "DecoderLMConfig"]
+
+
+@dataclass(frozen=True)
+class DecoderLMConfig(ConfigBase):
+    """Configuration of a :class:`DecoderLM`.
+
+    Attributes:
+        vocab_size: ``V``, tokens ``0 .. V-1``.
+        d_model: model width ``E``.
+        num_layers: transformer blocks.
+        num_heads: query heads ``H``.
+        num_kv_heads: key/value heads ``Hkv`` (grouped-query attention); None = ``H``.
+        d_head: head width ``D``; None = ``E / H``.
+        d_ff: feed-forward hidden width; None = ``4·E``, or for ``"swiglu"`` ``8/3·E`` rounded
+            up to a multiple of 8 (the same parameter count as a ``4·E`` MLP).
+        max_len: longest sequence (a hard limit only for learned positions).
+        dropout: on embeddings, attention weights, feed-forward hidden and residual branches.
+        norm: ``"pre"`` (GPT-2, Llama) or ``"post"``.
+        norm_kind: ``"layernorm"`` or ``"rmsnorm"``.
+        norm_eps: epsilon of every norm.
+        activation: ``"gelu"``, ``"gelu_tanh"`` (GPT-2), ``"relu"``, ``"silu"``, ``"swiglu"``
+            (Llama).
+        positions: ``"learned"``, ``"rope"``, ``"alibi"``, ``"sinusoidal"`` or None.
+        rope_base: RoPE frequency base (10000; Llama 3 500000).
+        bias: biases in every Linear (except ``lm_head``) and LayerNorm.
+        tie_embeddings: ``lm_head.weight`` is ``embed.weight`` (one tensor).
+        pad_id, bos_id, eos_id: special token ids (None or in ``[0, V)``), for generation.
+    """
+
+    vocab_size: int
+    d_model: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int | None = None
+    d_head: int | None = None
+    d_ff: int | None = None
+    max_len: int = 1024
+    dropout: float = 0.0
+    norm: str = "pre"
+    norm_kind: str = "layernorm"
+    norm_eps: float = 1e-5
+    activation: str = "gelu"
+    positions: str | None = "learned"
+    rope_base: float = 10000.0
+    bias: bool = True
+    tie_embeddings: bool = True
+    pad_id: int | None = None
+    bos_id: int | None = None
+    eos_id: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "max_len"):
+            self._int(name)
+        for name in ("num_kv_heads", "d_head", "d_ff"):
+            self._int(name, optional=True)
+        self._heads(self.d_model, self.num_heads, self.num_kv_heads, self.d_head)
+        self._float("dropout", low=0.0, high=1.0)
+        self._float("norm_eps", low=0.0)
+        self._float("rope_base", low=0.0)
+        self._choice("norm", NORM_PLACEMENTS)
+        self._choice("norm_kind", NORM_KINDS)
+        self._choice("activation", ACTIVATIONS)
+        self._choice("positions", POSITIONS)
+        self._rope_even(self.positions, self.head_dim)
+        for name in ("bias", "tie_embeddings"):
+            self._flag(name)
+        for name in ("pad_id", "bos_id", "eos_id"):
+            self._token(name, self.vocab_size)
+
+    @property
+    def head_dim(self) -> int:
+        """Head width ``D`` (``d_head``, or ``d_model // num_heads``)."""
+        return self.d_head if self.d_head is not None else self.d_model // self.num_heads
+
+    @property
+    def ffn_dim(self) -> int:
+        """Feed-forward hidden width (``d_ff`` or its default)."""
+        if self.d_ff is not None:
+            return self.d_ff
+        if self.activation == "swiglu":
+            hidden = (8 * self.d_model + 2) // 3  # ceil(8E/3)
+            return (hidden + 7) // 8 * 8  # rounded up to a multiple of 8
+        return 4 * self.d_model
+
+    @classmethod
+    def gpt2_style(cls, vocab_size: int, **overrides: Any) -> DecoderLMConfig:
+        """GPT-2: learned positions, LayerNorm, tanh-GELU, pre-norm, biases, tied embeddings."""
+        base: dict[str, Any] = dict(
+            positions="learned", norm_kind="layernorm", activation="gelu_tanh", norm="pre",
+            bias=True, tie_embeddings=True,
+        )
+        return cls(vocab_size, **{**base, **overrides})
+
+    @classmethod
+    def llama_style(cls, vocab_size: int, **overrides: Any) -> DecoderLMConfig:
+        """Llama: RoPE, RMSNorm, SwiGLU, pre-norm, no biases, tied embeddings; GQA by
+        ``num_kv_heads``."""
+        base: dict[str, Any] = dict(
+            positions="rope", norm_kind="rmsnorm", activation="swiglu", norm="pre",
+            bias=False, tie_embeddings=True,
+        )
+        return cls(vocab_size, **{**base, **overrides})
+
+
+class DecoderLM(ModelBase):
+    """Decoder-only transformer language model (causal), with a KV cache for generation.
+
+    Args:
+        config: a :class:`DecoderLMConfig`.
+
+    Submodules: ``embed`` (``nn.Embedding(V, E)``), ``pos`` (positions added to the
+    embeddings: ``LearnedPositionalEmbedding`` or ``SinusoidalPositionalEncoding``; None for
+    RoPE, which lives in ``blocks[i].self_attn.rope``, for ALiBi and for no positions),
+    ``drop`` (embedding dropout), ``blocks`` (``nn.ModuleList`` of
+    :class:`~qkv.nn.TransformerBlock`), ``norm_f`` (final norm; None with post-norm),
+    ``lm_head`` (``nn.Linear(E, V, bias=False)``, its weight *is* ``embed.weight`` when
+    ``tie_embeddings``).
+
+    Raises:
+        TypeError: ``config`` is not a :class:`DecoderLMConfig`.
+    """
+
+    def __init__(self, config: DecoderLMConfig) -> None:
+        super().__init__()
+        if not isinstance(config, DecoderLMConfig):
+            raise TypeError(f"config must be a DecoderLMConfig, got {type(config).__name__}")
+        self.config = c = config
+        parts = make_positions(
+            c.positions, d_model=c.d_model, d_head=c.head_dim, max_len=c.max_len,
+            rope_base=c.rope_base,
+        )
+        self.embed = nn.Embedding(c.vocab_size, c.d_model)
+        self.pos = parts.added
+        self.position_limit = parts.limit  # learned table size; None: any position works
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(
+                c.d_model, c.num_heads, c.ffn_dim, num_kv_heads=c.num_kv_heads,
+                d_head=c.d_head, dropout=c.dropout, activation=c.activation, norm=c.norm,
+                norm_kind=c.norm_kind, norm_eps=c.norm_eps, bias=c.bias, **parts.attention,
+            )
+            for _ in range(c.num_layers)
+        )
+        # Pre-norm leaves the residual stream unnormalised, so one last norm precedes the head.
+        self.norm_f = (
+            make_norm(c.norm_kind, c.d_model, eps=c.norm_eps, bias=c.bias)
+            if c.norm == "pre" else None
+        )
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        init_gpt_style(self, c.num_layers)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def new_cache(self, batch_size: int | None = None, max_len: int | None = None) -> KVCache:
+        """An empty :class:`~qkv.nn.KVCache` with one layer per block.
+
+        Args:
+            batch_size: accepted for symmetry; buffers take the batch size of the first step.
+            max_len: preallocate room for ``max_len`` tokens (None: grow as needed).
+
+        Raises:
+            ValueError: ``batch_size`` or ``max_len`` not a positive int or None.
+        """
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        ):
+            raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+        return KVCache(self.config.num_layers, max_len=max_len)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        positions: Tensor | None = None,
+    ) -> Tensor:
+        """Next-token logits for every position.
+
+        Args:
+            input_ids: ``(B, T)`` integer token ids in ``[0, V)``.
+            attention_mask: ``(B, S)`` bool or 0/1, 1 = real token, over all ``S = cached +
+                T`` positions (padding); None = every position is real.
+            cache: a :class:`~qkv.nn.KVCache` from :meth:`new_cache`; the new tokens' keys
+                and values are appended and attention covers the cached ones too.
+            positions: ``(B, T)`` or ``(T,)`` positions of the new tokens (left-padded rows
+                count from their first real token); default ``cache.length + arange(T)``.
+                Read by learned, sinusoidal and rotary positions; ALiBi depends only on
+                distances, which left padding does not change.
+
+        Returns:
+            ``(B, T, V)`` logits.
+
+        Raises:
+            TypeError: non-integer ids or positions, a cache that is not a ``KVCache``.
+            ValueError: ids out of ``[0, V)``, an input beyond ``max_len`` (learned positions),
+                masks or positions of the wrong shape, a cache with another layer count.
+        """
+        c = self.config
+        B, T = check_ids("input_ids", input_ids, c.vocab_size).shape
+        cache = check_cache(cache, c.num_layers)
+        offset = 0 if cache is None else cache.length
+        positions = check_positions(positions, B, T, max_len=self.position_limit)
+        if positions is None:
+            check_length("input_ids", T, offset, self.position_limit)
+        mask = None
+        if attention_mask is not None:
+            mask = padding_keep_mask("attention_mask", attention_mask, B, offset + T)
+
+        h = self.drop(add_positions(self.pos, self.embed(input_ids), offset=offset,
+                                    positions=positions))  # (B, T, E)
+        # One new token after a cache sees every cached key: no causal mask to build.
+        causal = T > 1
+        for i, block in enumerate(self.blocks):
+            h = block(
+                h, mask=mask, is_causal=causal, cache=None if cache is None else cache[i],
+                positions=positions,
+            )  # (B, T, E)
+        if self.norm_f is not None:
+            h = self.norm_f(h)
+        return self.lm_head(h)  # (B, T, V)

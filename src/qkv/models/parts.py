@@ -1,0 +1,266 @@
+"""Pieces every model assembles: positions, input checks, masks, initialisation, the base class.
+
+Positions are data, not branches: :func:`make_positions` turns a config's ``positions`` into
+:class:`PositionParts`, the module added to the embeddings (learned, sinusoidal) and the
+keyword arguments the blocks' self-attention takes (``rope=``, ``alibi=``). A model adds
+``parts.added`` when it is not None and passes ``parts.attention`` to every block; it never
+asks which scheme it has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from qkv.nn.cache import KVCache
+from qkv.nn.positions import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from qkv.nn.rope import RotaryEmbedding
+
+__all__ = [
+    "ModelBase",
+    "PositionParts",
+    "add_positions",
+    "check_cache",
+    "check_ids",
+    "check_positions",
+    "init_gpt_style",
+    "init_xavier",
+    "make_positions",
+    "padding_keep_mask",
+]
+
+
+def _shape(t: Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+@dataclass(frozen=True)
+class PositionParts:
+    """How one positional scheme enters a model.
+
+    Attributes:
+        added: module adding positions to the embeddings ``(B, T, E) -> (B, T, E)``
+            (learned, sinusoidal), or None (RoPE, ALiBi, no positions).
+        attention: keyword arguments for each block's self-attention (``rope``, ``alibi``,
+            ``alibi_symmetric``); one ``RotaryEmbedding`` is shared by every block.
+        limit: number of positions there are (a learned table's rows), or None when any
+            position works.
+    """
+
+    added: nn.Module | None = None
+    attention: dict[str, Any] = field(default_factory=dict)
+    limit: int | None = None
+
+
+def make_positions(
+    kind: str | None,
+    *,
+    d_model: int,
+    d_head: int,
+    max_len: int,
+    rope_base: float = 10000.0,
+    symmetric: bool = False,
+) -> PositionParts:
+    """Build the parts of positional scheme ``kind`` (a config's ``positions``).
+
+    Args:
+        kind: ``"learned"``, ``"sinusoidal"``, ``"rope"``, ``"alibi"`` or None.
+        d_model: model width ``E``.
+        d_head: head width ``D`` (RoPE rotates ``D``-wide queries and keys).
+        max_len: rows of a learned table; rows precomputed for the others.
+        rope_base: RoPE frequency base.
+        symmetric: ALiBi with ``|i - j|`` distances (bidirectional encoders).
+
+    Raises:
+        ValueError: unknown ``kind`` (configs have rejected it already).
+    """
+    builders = {
+        "learned": lambda: PositionParts(
+            LearnedPositionalEmbedding(max_len, d_model), limit=max_len
+        ),
+        "sinusoidal": lambda: PositionParts(SinusoidalPositionalEncoding(d_model, max_len)),
+        "rope": lambda: PositionParts(
+            attention={"rope": RotaryEmbedding(d_head, base=rope_base, max_len=max_len)}
+        ),
+        "alibi": lambda: PositionParts(
+            attention={"alibi": True, "alibi_symmetric": symmetric}
+        ),
+        None: lambda: PositionParts(),
+    }
+    if kind not in builders:
+        raise ValueError(f"positions must be one of {tuple(builders)}, got {kind!r}")
+    return builders[kind]()
+
+
+def add_positions(
+    pos: nn.Module | None, x: Tensor, *, offset: int = 0, positions: Tensor | None = None
+) -> Tensor:
+    """``x (B, T, E)`` plus the positions of its tokens (``offset + arange(T)`` or ``positions``).
+
+    ``positions`` is ``(B, T)`` or ``(T,)`` (already checked by :func:`check_positions`).
+    """
+    if pos is None:
+        return x
+    if positions is None:
+        return pos(x, offset)  # (B, T, E)
+    if isinstance(pos, SinusoidalPositionalEncoding):
+        rows = pos.table(int(positions.max()) + 1, dtype=x.dtype)  # (P, E)
+        return x + rows[positions]  # (B, T, E)
+    return pos(x, positions=positions)  # (B, T, E)
+
+
+def check_ids(name: str, ids: object, vocab_size: int) -> Tensor:
+    """Check token ids: an integer ``(B, T)`` tensor with ``B, T >= 1``, values in ``[0, V)``.
+
+    Raises:
+        TypeError: not a tensor, or not an integer dtype.
+        ValueError: not 2-D, empty, or ids out of range (min and max are reported).
+    """
+    if not isinstance(ids, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {ids.dtype}")
+    if ids.dim() != 2 or ids.numel() == 0:
+        raise ValueError(f"{name} must have shape (B, T) with B, T >= 1, got {_shape(ids)}")
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(
+            f"{name} must lie in [0, vocab_size={vocab_size}), got values in [{lo}, {hi}]"
+        )
+    return ids
+
+
+def check_positions(
+    positions: object, B: int, T: int, *, max_len: int | None = None
+) -> Tensor | None:
+    """Check explicit positions: None, or integers ``(B, T)`` / ``(T,)`` in ``[0, max_len)``.
+
+    ``max_len`` is the learned table's size (None: no upper bound).
+
+    Raises:
+        TypeError: not an integer tensor.
+        ValueError: wrong shape, negative values, or values at or beyond ``max_len``.
+    """
+    if positions is None:
+        return None
+    if not isinstance(positions, Tensor) or positions.is_floating_point() or (
+        positions.dtype == torch.bool or positions.is_complex()
+    ):
+        raise TypeError(
+            f"positions must be an integer tensor (B, T) or None, got {positions!r:.80}"
+        )
+    if positions.shape not in ((B, T), (T,)):
+        raise ValueError(
+            f"positions must have shape (B, T) = ({B}, {T}) or (T,), got {_shape(positions)}"
+        )
+    lo, hi = int(positions.min()), int(positions.max())
+    if lo < 0 or (max_len is not None and hi >= max_len):
+        bound = "" if max_len is None else f", max_len={max_len} (learned positions)"
+        raise ValueError(
+            f"positions must lie in [0{bound}), got values in [{lo}, {hi}]"
+        )
+    return positions
+
+
+def check_length(name: str, T: int, offset: int, max_len: int | None) -> None:
+    """A learned position table has ``max_len`` rows: ``offset + T`` may not exceed it
+    (``max_len`` None: no limit, nothing to check).
+
+    Raises:
+        ValueError: naming ``name``, the length, the cached offset and ``max_len``.
+    """
+    if max_len is not None and offset + T > max_len:
+        cached = f" after {offset} cached tokens" if offset else ""
+        raise ValueError(
+            f"{name} has T={T} tokens{cached}, which goes beyond max_len={max_len} of the "
+            "learned position table; use a shorter input or a model with a larger max_len"
+        )
+
+
+def padding_keep_mask(name: str, mask: object, B: int, S: int) -> Tensor:
+    """A ``(B, S)`` padding mask (bool, or 0/1 numbers; 1 = real token) as a ``(B, 1, 1, S)``
+    boolean keep mask.
+
+    Raises:
+        TypeError: not a tensor.
+        ValueError: shape other than ``(B, S)``, or numeric values other than 0 and 1.
+    """
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a (B, S) tensor or None, got {type(mask).__name__}")
+    if tuple(mask.shape) != (B, S):
+        raise ValueError(f"{name} must have shape (B, S) = ({B}, {S}), got {_shape(mask)}")
+    if mask.dtype != torch.bool:
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError(
+                f"{name} must be boolean or hold only 0 and 1 (1 = real token), got other values"
+            )
+        mask = mask != 0
+    return mask[:, None, None, :]  # (B, 1, 1, S)
+
+
+def check_cache(cache: object, num_layers: int) -> KVCache | None:
+    """None, or a :class:`KVCache` with one layer per block.
+
+    Raises:
+        TypeError: not a ``KVCache``.
+        ValueError: a different number of layers.
+    """
+    if cache is None:
+        return None
+    if not isinstance(cache, KVCache):
+        raise TypeError(
+            "cache must be a qkv.nn.KVCache (model.new_cache()) or None, got "
+            f"{type(cache).__name__}"
+        )
+    if len(cache) != num_layers:
+        raise ValueError(
+            f"cache has {len(cache)} layers but the model has {num_layers}; use model.new_cache()"
+        )
+    return cache
+
+
+def init_gpt_style(model: nn.Module, num_layers: int, std: float = 0.02) -> None:
+    """GPT-2 / BERT initialisation: ``N(0, std²)`` weights, zero biases, unit norms.
+
+    The projections that write into the residual stream (attention ``out_proj``, the
+    feed-forward's ``linear2`` / ``down_proj``) get ``std / sqrt(2·num_layers)`` so the
+    stream's variance does not grow with depth (GPT-2, section 2.3).
+    """
+    residual = {"out_proj", "linear2", "down_proj"}
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            s = std / (2 * num_layers) ** 0.5 if name.rsplit(".", 1)[-1] in residual else std
+            nn.init.normal_(module.weight, mean=0.0, std=s)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if isinstance(module, LearnedPositionalEmbedding):
+            module.reset_parameters()
+
+
+def init_xavier(model: nn.Module) -> None:
+    """Xavier-uniform for every matrix (the Annotated Transformer, ``torch.nn.Transformer``)."""
+    for p in model.parameters():
+        if p.dim() > 1:
+            nn.init.xavier_uniform_(p)
+
+
+class ModelBase(nn.Module):
+    """Common surface of the models: ``config``, ``num_parameters`` and a readable repr."""
+
+    config: Any
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        """Number of scalar parameters, each shared (tied) tensor counted once.
+
+        Args:
+            trainable_only: count only parameters with ``requires_grad``.
+        """
+        return sum(
+            p.numel() for p in self.parameters() if p.requires_grad or not trainable_only
+        )
+
+    def extra_repr(self) -> str:
+        return f"config: {self.config.summary()}\nparameters: {self.num_parameters():,}"

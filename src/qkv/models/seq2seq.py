@@ -1,0 +1,284 @@
+"""Encoder-decoder transformer for sequence-to-sequence tasks (Vaswani et al., 2017, Fig. 1).
+
+    memory = encoder(src_embed(src)·√E + PE)                       bidirectional self-attention
+    logits = lm_head(decoder(tgt_embed(tgt_in)·√E + PE, memory))   causal self-attention,
+                                                                    cross-attention to memory
+
+Each encoder block is self-attention + feed-forward, each decoder block adds cross-attention
+between them (:class:`~qkv.nn.TransformerBlock` with ``cross_attention=True``). With the
+defaults (post-norm, ReLU, sinusoidal positions) the stacks compute what
+``torch.nn.Transformer`` computes without its final LayerNorms, which the paper does not have.
+
+Masks: the source padding mask ``(B, 1, 1, S)`` (True = real token) hides padded source
+positions from the encoder's self-attention and from every cross-attention. The decoder needs
+no target padding mask: target padding sits after the real tokens, which the causal mask hides
+from them; the loss ignores padded positions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from qkv.attention import masks
+from qkv.models.config import ACTIVATIONS, NORM_PLACEMENTS, POSITIONS, ConfigBase
+from qkv.models.parts import (
+    ModelBase,
+    add_positions,
+    check_cache,
+    check_ids,
+    check_length,
+    init_xavier,
+    make_positions,
+)
+from qkv.nn.block import TransformerBlock
+from qkv.nn.cache import KVCache
+from qkv.nn.norms import make_norm
+
+__all__ = ["Seq2SeqConfig", "Seq2SeqTransformer"]
+
+
+@dataclass(frozen=True)
+class Seq2SeqConfig(ConfigBase):
+    """Configuration of a :class:`Seq2SeqTransformer`.
+
+    Attributes:
+        src_vocab_size, tgt_vocab_size: source and target vocabularies.
+        d_model: model width ``E``; must be a multiple of ``num_heads``.
+        num_heads: attention heads ``H`` (self- and cross-attention).
+        num_encoder_layers, num_decoder_layers: blocks in each stack.
+        d_ff: feed-forward hidden width.
+        dropout: on embeddings, attention weights, feed-forward hidden and residual branches.
+        max_len: longest sequence (a hard limit only for learned positions).
+        norm: ``"post"`` (the paper) or ``"pre"`` (then each stack ends with a LayerNorm).
+        activation: feed-forward kind (``"relu"`` in the paper).
+        positions: ``"sinusoidal"`` (the paper), ``"learned"``, ``"rope"``, ``"alibi"``, None;
+            for RoPE and ALiBi only the self-attentions see positions.
+        tie_embeddings: the output projection's weight is the target embedding's.
+        share_embeddings: one embedding for source and target (needs equal vocabularies).
+        pad_id, bos_id, eos_id: special ids, valid in both vocabularies; ``pad_id`` builds the
+            source padding mask (None: no padding).
+        norm_eps: LayerNorm epsilon.
+    """
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    d_model: int = 128
+    num_heads: int = 4
+    num_encoder_layers: int = 2
+    num_decoder_layers: int = 2
+    d_ff: int = 512
+    dropout: float = 0.1
+    max_len: int = 512
+    norm: str = "post"
+    activation: str = "relu"
+    positions: str | None = "sinusoidal"
+    tie_embeddings: bool = False
+    share_embeddings: bool = False
+    pad_id: int | None = 0
+    bos_id: int | None = 1
+    eos_id: int | None = 2
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads",
+                     "num_encoder_layers", "num_decoder_layers", "d_ff", "max_len"):
+            self._int(name)
+        self._heads(self.d_model, self.num_heads)
+        self._float("dropout", low=0.0, high=1.0)
+        self._float("norm_eps", low=0.0)
+        self._choice("norm", NORM_PLACEMENTS)
+        self._choice("activation", ACTIVATIONS)
+        self._choice("positions", POSITIONS)
+        self._rope_even(self.positions, self.d_model // self.num_heads)
+        for name in ("tie_embeddings", "share_embeddings"):
+            self._flag(name)
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(
+                "Seq2SeqConfig.share_embeddings=True needs src_vocab_size == tgt_vocab_size, "
+                f"got {self.src_vocab_size} and {self.tgt_vocab_size}"
+            )
+        for name in ("pad_id", "bos_id", "eos_id"):
+            self._token(name, min(self.src_vocab_size, self.tgt_vocab_size))
+
+
+class Seq2SeqTransformer(ModelBase):
+    """Encoder-decoder transformer: ``forward(src, tgt_in) -> logits``, plus ``encode`` and an
+    incremental ``decode`` with a KV cache.
+
+    Args:
+        config: a :class:`Seq2SeqConfig`.
+
+    Submodules: ``src_embed``, ``tgt_embed`` (``nn.Embedding``; the same module when
+    ``share_embeddings``), ``src_pos``, ``tgt_pos`` (positions added to the embeddings, or
+    None for RoPE/ALiBi/no positions), ``drop``, ``encoder_blocks``, ``decoder_blocks``
+    (``nn.ModuleList`` of :class:`~qkv.nn.TransformerBlock`; decoder blocks have
+    ``cross_attn``), ``encoder_norm``, ``decoder_norm`` (final LayerNorms, pre-norm only, else
+    None), ``lm_head`` (``nn.Linear(E, V_tgt)``; weight tied to ``tgt_embed`` when
+    ``tie_embeddings``). Matrices are initialised Xavier-uniform.
+
+    Raises:
+        TypeError: ``config`` is not a :class:`Seq2SeqConfig`.
+    """
+
+    def __init__(self, config: Seq2SeqConfig) -> None:
+        super().__init__()
+        if not isinstance(config, Seq2SeqConfig):
+            raise TypeError(f"config must be a Seq2SeqConfig, got {type(config).__name__}")
+        self.config = c = config
+        self.embed_scale = math.sqrt(c.d_model)
+        geometry = {"d_model": c.d_model, "d_head": c.d_model // c.num_heads,
+                    "max_len": c.max_len}
+        src_parts = make_positions(c.positions, symmetric=True, **geometry)
+        tgt_parts = make_positions(c.positions, **geometry)
+        self.src_embed = nn.Embedding(c.src_vocab_size, c.d_model)
+        self.tgt_embed = (
+            self.src_embed if c.share_embeddings else nn.Embedding(c.tgt_vocab_size, c.d_model)
+        )
+        self.src_pos, self.tgt_pos = src_parts.added, tgt_parts.added
+        self.position_limit = src_parts.limit  # learned table size; None: any length works
+        self.drop = nn.Dropout(c.dropout)
+        block = {"d_model": c.d_model, "num_heads": c.num_heads, "d_ff": c.d_ff,
+                 "dropout": c.dropout, "activation": c.activation, "norm": c.norm,
+                 "norm_eps": c.norm_eps}
+        self.encoder_blocks = nn.ModuleList(
+            TransformerBlock(**block, **src_parts.attention) for _ in range(c.num_encoder_layers)
+        )
+        self.decoder_blocks = nn.ModuleList(
+            TransformerBlock(**block, cross_attention=True, **tgt_parts.attention)
+            for _ in range(c.num_decoder_layers)
+        )
+        pre = c.norm == "pre"
+        self.encoder_norm = make_norm("layernorm", c.d_model, eps=c.norm_eps) if pre else None
+        self.decoder_norm = make_norm("layernorm", c.d_model, eps=c.norm_eps) if pre else None
+        self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size)
+        init_xavier(self)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.tgt_embed.weight
+
+    def new_cache(self, max_len: int | None = None) -> KVCache:
+        """An empty cache for :meth:`decode`, one layer per decoder block (``max_len``:
+        preallocate room for that many target tokens)."""
+        return KVCache(self.config.num_decoder_layers, max_len=max_len)
+
+    def make_src_mask(self, src: Tensor) -> Tensor | None:
+        """Source padding keep mask ``(B, 1, 1, S)`` (True = real token) from ``pad_id``; None
+        when ``pad_id`` is None."""
+        if self.config.pad_id is None:
+            return None
+        return masks.padding_from_ids(src, self.config.pad_id)  # (B, 1, 1, S)
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """Encode source tokens into the memory the decoder attends to.
+
+        Args:
+            src: ``(B, S)`` source token ids.
+            src_mask: keep mask broadcastable to ``(B, H, S, S)``, usually ``(B, 1, 1, S)``;
+                None builds it from ``pad_id`` (:meth:`make_src_mask`).
+
+        Returns:
+            memory ``(B, S, E)``.
+
+        Raises:
+            TypeError, ValueError: bad ids (type, shape, range), a source beyond ``max_len``
+                with learned positions, a mask of the wrong type or shape.
+        """
+        c = self.config
+        B, S = check_ids("src", src, c.src_vocab_size).shape
+        if src_mask is None:
+            src_mask = self.make_src_mask(src)
+        _check_mask("src_mask", src_mask, (B, c.num_heads, S, S))
+        check_length("src", S, 0, self.position_limit)
+        x = self.drop(add_positions(self.src_pos, self.src_embed(src) * self.embed_scale))
+        for block in self.encoder_blocks:
+            x = block(x, mask=src_mask)  # (B, S, E)
+        return x if self.encoder_norm is None else self.encoder_norm(x)
+
+    def decode(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        src_mask: Tensor | None = None,
+        *,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """Target logits given the memory; incremental with a cache.
+
+        Args:
+            tgt_in: ``(B, T)`` target ids (shifted right: ``bos`` first).
+            memory: ``(B, S, E)`` from :meth:`encode`.
+            src_mask: keep mask broadcastable to ``(B, H, T, S)`` (usually ``(B, 1, 1, S)``
+                from :meth:`make_src_mask`); None lets every memory position be seen.
+            cache: from :meth:`new_cache`. The new tokens follow the cached ones (positions
+                and causal mask shift by ``cache.length``); the cross-attention keys/values
+                are projected from ``memory`` at the first call and reused afterwards.
+
+        Returns:
+            ``(B, T, V_tgt)`` logits, equal to decoding the whole prefix at once.
+
+        Raises:
+            TypeError, ValueError: bad ids, a memory that is not ``(B, S, E)``, a mask of the
+                wrong shape, a cache of another layer count, a target beyond ``max_len``
+                with learned positions.
+        """
+        c = self.config
+        B, T = check_ids("tgt_in", tgt_in, c.tgt_vocab_size).shape
+        if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.shape[2] != c.d_model:
+            got = tuple(memory.shape) if isinstance(memory, Tensor) else type(memory).__name__
+            raise ValueError(f"memory must have shape (B, S, E={c.d_model}), got {got}")
+        cache = check_cache(cache, c.num_decoder_layers)
+        offset = 0 if cache is None else cache.length
+        _check_mask("src_mask", src_mask, (B, c.num_heads, T, memory.shape[1]))
+        check_length("tgt_in", T, offset, self.position_limit)
+        y = self.tgt_embed(tgt_in) * self.embed_scale  # (B, T, E)
+        y = self.drop(add_positions(self.tgt_pos, y, offset=offset))
+        for i, block in enumerate(self.decoder_blocks):
+            y = block(
+                y, memory, is_causal=T > 1, context_mask=src_mask,
+                cache=None if cache is None else cache[i],
+            )  # (B, T, E)
+        if self.decoder_norm is not None:
+            y = self.decoder_norm(y)
+        return self.lm_head(y)  # (B, T, V_tgt)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits.
+
+        Args:
+            src: ``(B, S)`` source ids (padded with ``pad_id``).
+            tgt_in: ``(B, T)`` target ids shifted right.
+
+        Returns:
+            ``(B, T, V_tgt)`` logits.
+
+        Raises:
+            TypeError, ValueError: as :meth:`encode` and :meth:`decode`.
+        """
+        check_ids("src", src, self.config.src_vocab_size)
+        src_mask = self.make_src_mask(src)
+        return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
+
+
+def _check_mask(name: str, mask: object, scores: tuple[int, int, int, int]) -> None:
+    """None, or a bool/float tensor broadcastable to the attention scores ``(B, H, T, S)``."""
+    if mask is None:
+        return
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(
+            f"{name} must be a boolean keep mask (True = may attend) or a float mask, "
+            f"got dtype {mask.dtype}"
+        )
+    try:
+        fits = torch.broadcast_shapes(mask.shape, scores) == torch.Size(scores)
+    except RuntimeError:
+        fits = False
+    if not fits or mask.dim() > 4:
+        raise ValueError(
+            f"{name} of shape {tuple(mask.shape)} must broadcast to the attention scores "
+            f"(B, H, T, S) = {scores}, e.g. ({scores[0]}, 1, 1, {scores[3]})"
+        )
