@@ -189,7 +189,7 @@ def test_calls_sdpa_with_fast_path_arguments(monkeypatch):
     attn(x)
     assert seen == [
         {"need_weights": False, "enable_gqa": True, "dropout_p": 0.0, "backend": "torch"},
-        {"need_weights": True, "enable_gqa": True, "dropout_p": 0.0, "backend": "math"},
+        {"need_weights": True, "enable_gqa": True, "dropout_p": 0.0, "backend": "flash"},
         {"need_weights": False, "enable_gqa": True, "dropout_p": 0.25, "backend": "torch"},
     ]
 

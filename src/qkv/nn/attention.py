@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from qkv.attention import masks
 from qkv.attention.sdpa import scaled_dot_product_attention
-from qkv.nn.alibi import alibi_bias
+from qkv.nn.alibi import alibi_bias, alibi_slopes
 from qkv.nn.cache import LayerKVCache
 from qkv.nn.rope import RotaryEmbedding
 
@@ -176,7 +176,7 @@ class Attention(nn.Module):
         else:
             k, v = self._cross_keys(context, cache, x.shape[0])
         T, S = q.shape[2], k.shape[2]
-        attn_mask, causal_flag = self._mask(mask, is_causal, T, S, x)
+        attn_mask, causal_flag, slopes = self._mask(mask, is_causal, T, S, x)
         result = scaled_dot_product_attention(
             q,
             k,
@@ -186,6 +186,7 @@ class Attention(nn.Module):
             is_causal=causal_flag,
             enable_gqa=self.num_heads != self.num_kv_heads,
             need_weights=need_weights,
+            alibi_slopes=slopes,
         )
         out, weights = result if need_weights else (result, None)
         return self.out_proj(self._merge(out)), weights
@@ -236,25 +237,26 @@ class Attention(nn.Module):
 
     def _mask(
         self, mask: Tensor | None, is_causal: bool, T: int, S: int, x: Tensor
-    ) -> tuple[Tensor | None, bool]:
-        """Fold causality and ALiBi into one mask; returns ``(mask, is_causal flag for SDPA)``.
+    ) -> tuple[Tensor | None, bool | str, Tensor | None]:
+        """Causality and ALiBi as SDPA arguments: ``(mask, is_causal, alibi_slopes)``.
 
-        When ``T == S`` (no cache, or the first chunk into an empty one) top-left and
-        bottom-right alignment agree, so the causal flag goes to SDPA untouched (the fused
-        kernel's causal path); otherwise a bottom-right mask is built.
+        Causality goes to SDPA as ``"bottom-right"`` (equal to ``True`` when ``T == S``, the
+        fused kernel's causal path) and ALiBi as slopes, so neither is materialised as a
+        ``(T, S)`` mask: the flash backend computes them per tile. The one exception is causal
+        ALiBi distances without causal masking (future keys get a *positive* bias), which
+        SDPA's symmetric ALiBi does not express: that bias is built densely.
         """
-        causal_mask = None
-        flag = bool(is_causal) and T == S
-        if is_causal and not flag:
-            causal_mask = masks.causal(T, S, align="bottom-right", device=x.device)  # (T, S)
-        bias = None
-        if self.alibi:
-            bias = alibi_bias(
-                self.num_heads, T, S, symmetric=self.alibi_symmetric, device=x.device,
-                dtype=x.dtype,
-            )  # (H, T, S)
+        flag: bool | str = False
+        if is_causal:
+            flag = True if T == S else "bottom-right"
+        if not self.alibi:
+            return mask, flag, None
+        if self.alibi_symmetric or is_causal:
+            slopes = alibi_slopes(self.num_heads, device=x.device)  # (H,)
+            return mask, flag, slopes
+        bias = alibi_bias(self.num_heads, T, S, device=x.device, dtype=x.dtype)  # (H, T, S)
         # The bias goes first so the combined float mask keeps the input's dtype.
-        return masks.combine(bias, mask, causal_mask), flag
+        return masks.combine(bias, mask), flag, None
 
     def _check_inputs(
         self, x: object, context: object, mask: object, cache: object

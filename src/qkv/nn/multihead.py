@@ -38,8 +38,7 @@ def _attention_weights(
     passed to the output call. Always without dropout: these are the attention probabilities.
     """
     _, weights = scaled_dot_product_attention(
-        q, k, v, mask, 0.0, is_causal, enable_gqa=q.shape[1] != k.shape[1],
-        need_weights=True, backend="math",
+        q, k, v, mask, 0.0, is_causal, enable_gqa=q.shape[1] != k.shape[1], need_weights=True
     )
     return weights
 
@@ -222,12 +221,22 @@ class MultiheadAttention(nn.Module):
         mask = mha_masks.merge(key_padding_mask, attn_mask, N=N, H=H)
         mask = mha_masks.append_visible(mask, k.shape[2] - S)  # (N|1, H|1, T, S')
 
-        # 4) The output from the fused kernel; the weights, if asked for, on the side.
+        # 4) Output and weights: without dropout one call gives both (a fast kernel for the
+        #    output, exact weights rebuilt from its log-sum-exp); with dropout the weights are
+        #    the probabilities before dropout, computed on the side.
         dropout_p = self.dropout if self.training else 0.0
-        out = scaled_dot_product_attention(
-            q, k, v, mask, dropout_p, is_causal, enable_gqa=self.num_kv_heads != H
-        )  # (N, H, T, D)
-        weights = _attention_weights(q, k, v, mask, is_causal) if need_weights else None
+        gqa = self.num_kv_heads != H
+        weights = None
+        if need_weights and dropout_p == 0.0:
+            out, weights = scaled_dot_product_attention(
+                q, k, v, mask, 0.0, is_causal, enable_gqa=gqa, need_weights=True
+            )  # (N, H, T, D), (N, H, T, S')
+        else:
+            out = scaled_dot_product_attention(
+                q, k, v, mask, dropout_p, is_causal, enable_gqa=gqa
+            )  # (N, H, T, D)
+            if need_weights:
+                weights = _attention_weights(q, k, v, mask, is_causal)
 
         # 5) Merge heads, project out, restore the caller's layout.
         out = out.transpose(1, 2).reshape(N, T, E)  # (N, T, E)
