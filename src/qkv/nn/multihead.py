@@ -4,8 +4,9 @@
     head_h = Attention(Q·W_Q,h, K·W_K,h, V·W_V,h)                  (Vaswani et al., 2017)
 
 The module owns the projections, splits heads, merges torch's masks into one SDPA mask
-(:mod:`qkv.nn.mha_masks`), calls :func:`qkv.scaled_dot_product_attention` once for the output
-(the fused kernel, even when weights are requested) and computes the weights separately in
+(:mod:`qkv.nn.mha_masks`) and calls :func:`qkv.scaled_dot_product_attention` once: the output
+comes from a fast kernel even when weights are requested (they are rebuilt exactly from its
+log-sum-exp); with dropout in training the pre-dropout weights come from
 :func:`_attention_weights`. Same constructor, ``forward``, return values, parameters,
 ``state_dict`` keys and initialisation as torch's.
 """

@@ -159,20 +159,33 @@ def _prepare(q, k, v, mask, alibi, spec):
     Hkv, S = k.shape[1], k.shape[2]
     G = H // Hkv
     acc = _acc_dtype(q.dtype)
-    qg = (q * spec.scale).reshape(B, Hkv, G, T, D)  # (B, Hkv, G, T, D): scale folded into q
+    # Half precision is computed in float32: CPUs without bf16 matrix units multiply bf16
+    # ~100x slower than float32, and float32 products of bf16 inputs are exact anyway.
+    qg = (q.to(acc) * spec.scale).reshape(B, Hkv, G, T, D)  # (B, Hkv, G, T, D), scale folded
+    k, v = k.to(acc), v.to(acc)
     gmask = _grouped_mask(mask, Hkv, G)
     # ALiBi slopes as a negative factor per (Hkv, G) head: bias = -slope · |distance|.
-    galibi = None if alibi is None else (-alibi).reshape(Hkv, G, 1, 1)
-    plans = plan_blocks(T, S, spec.bq, spec.bk, spec.causal, spec.window, alibi_shift=(
-        spec.causal if spec.causal is not None else S - T))
-    return B, H, T, D, Hkv, S, G, acc, qg, gmask, galibi, plans
+    galibi = None if alibi is None else (-alibi).reshape(Hkv, G, 1, 1).to(acc)
+    shift = spec.causal if spec.causal is not None else S - T
+    plans = plan_blocks(T, S, spec.bq, spec.bk, spec.causal, spec.window, alibi_shift=shift)
+    return B, H, T, D, Hkv, S, G, acc, qg, k, v, gmask, galibi, plans
+
+
+def _row_max(s: Tensor) -> Tensor:
+    """Max over the last dimension, keepdim; a 2-D view takes torch's fast reduction path."""
+    return s.reshape(-1, s.shape[-1]).amax(dim=-1).view(*s.shape[:-1], 1)
+
+
+def _row_sum(s: Tensor) -> Tensor:
+    return s.reshape(-1, s.shape[-1]).sum(dim=-1).view(*s.shape[:-1], 1)
 
 
 @torch.no_grad()
 def _forward(q, k, v, mask, alibi, spec: _Spec):
-    B, H, T, D, Hkv, S, G, acc, qg, gmask, galibi, plans = _prepare(q, k, v, mask, alibi, spec)
+    dtype = q.dtype
+    B, H, T, D, Hkv, S, G, acc, qg, k, v, gmask, galibi, plans = _prepare(q, k, v, mask, alibi, spec)
     Dv = v.shape[-1]
-    out = torch.empty(B, Hkv, G, T, Dv, dtype=q.dtype, device=q.device)  # (B, Hkv, G, T, Dv)
+    out = torch.empty(B, Hkv, G, T, Dv, dtype=dtype, device=q.device)  # (B, Hkv, G, T, Dv)
     lse = torch.empty(B, Hkv, G, T, 1, dtype=acc, device=q.device)
     for qi, row in enumerate(plans):
         i0, i1 = row.i0, row.i1
@@ -186,30 +199,31 @@ def _forward(q, k, v, mask, alibi, spec: _Spec):
             s = _tile_scores(qs, k[:, :, j0:j1], plan, gmask, galibi,
                              (B, Hkv, G, bq, j1 - j0), spec, acc)
             # 1) New running maximum; rows still all -inf keep 0 so exp gives exact zeros.
-            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            m_new = torch.maximum(m, _row_max(s))
             m_safe = m_new.masked_fill(torch.isneginf(m_new), 0.0)
             # 2) Unnormalised probabilities of this tile, in place over the scores.
             p = s.sub_(m_safe).exp_()  # (B, Hkv, G, bq, bk)
             # 3) Rescale what was accumulated under the old maximum, then add this tile.
             alpha = torch.exp(m - m_safe)  # (B, Hkv, G, bq, 1)
-            l.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
+            l.mul_(alpha).add_(_row_sum(p))
             if spec.dropout_p > 0.0:
                 keep = _dropout_keep(spec, qi, plan.index, p.shape, p.device)
                 p = p * keep / (1.0 - spec.dropout_p)
-            pv = p.to(v.dtype).view(B, Hkv, G * bq, j1 - j0) @ v[:, :, j0:j1]  # (B,Hkv,G·bq,Dv)
+            pv = p.view(B, Hkv, G * bq, j1 - j0) @ v[:, :, j0:j1]  # (B, Hkv, G·bq, Dv)
             o.mul_(alpha).add_(pv.view(B, Hkv, G, bq, Dv))
             m = m_new
         # 4) Normalise; rows that saw no key have l = 0 and stay zero.
-        out[:, :, :, i0:i1] = (o / l.masked_fill(l == 0, 1.0)).to(q.dtype)
+        out[:, :, :, i0:i1] = (o / l.masked_fill(l == 0, 1.0)).to(dtype)
         lse[:, :, :, i0:i1] = m + torch.log(l)  # -inf where l = 0
     return out.reshape(B, H, T, Dv), lse.reshape(B, H, T)  # (B, H, T, Dv), (B, H, T)
 
 
 @torch.no_grad()
 def _backward(q, k, v, out, lse, dout, dlse, mask, alibi, spec: _Spec):
-    B, H, T, D, Hkv, S, G, acc, qg, gmask, galibi, plans = _prepare(q, k, v, mask, alibi, spec)
+    dtypes = (q.dtype, k.dtype, v.dtype)
+    B, H, T, D, Hkv, S, G, acc, qg, k, v, gmask, galibi, plans = _prepare(q, k, v, mask, alibi, spec)
     Dv = v.shape[-1]
-    dog = dout.reshape(B, Hkv, G, T, Dv)  # (B, Hkv, G, T, Dv)
+    dog = dout.to(acc).reshape(B, Hkv, G, T, Dv)  # (B, Hkv, G, T, Dv)
     # D_i = rowsum(dO ∘ O): the softmax Jacobian's correction term, once per query row.
     delta = (dout.to(acc) * out.to(acc)).sum(-1).reshape(B, Hkv, G, T, 1)
     if dlse is not None:
@@ -232,19 +246,19 @@ def _backward(q, k, v, out, lse, dout, dlse, mask, alibi, spec: _Spec):
             kt, vt = k[:, :, j0:j1], v[:, :, j0:j1]
             s = _tile_scores(qs, kt, plan, gmask, galibi, (B, Hkv, G, bq, bk), spec, acc)
             p = s.sub_(lse_b[:, :, :, i0:i1]).exp_()  # (B, Hkv, G, bq, bk): exact weights
-            dp = (do @ vt.transpose(-2, -1)).to(acc).view(B, Hkv, G, bq, bk)  # dL/d(applied p)
+            dp = (do @ vt.transpose(-2, -1)).view(B, Hkv, G, bq, bk)  # dL/d(applied p)
             p_applied = p
             if spec.dropout_p > 0.0:
                 keep = _dropout_keep(spec, qi, plan.index, p.shape, p.device) / (1 - spec.dropout_p)
                 p_applied = p * keep
                 dp = dp * keep
-            p2 = p_applied.to(v.dtype).view(B, Hkv, G * bq, bk)
-            dv[:, :, j0:j1] += (p2.transpose(-2, -1) @ do).to(acc)  # (B, Hkv, bk, Dv)
+            p2 = p_applied.view(B, Hkv, G * bq, bk)
+            dv[:, :, j0:j1] += p2.transpose(-2, -1) @ do  # (B, Hkv, bk, Dv)
             ds = p.mul_(dp.sub_(delta[:, :, :, i0:i1]))  # (B, Hkv, G, bq, bk)
-            ds2 = ds.to(q.dtype).view(B, Hkv, G * bq, bk)
-            dq_blk += (ds2 @ kt).to(acc)  # (B, Hkv, G·bq, D)
-            dk[:, :, j0:j1] += (ds2.transpose(-2, -1) @ qs).to(acc)  # (B, Hkv, bk, D)
+            ds2 = ds.view(B, Hkv, G * bq, bk)
+            dq_blk += ds2 @ kt  # (B, Hkv, G·bq, D)
+            dk[:, :, j0:j1] += ds2.transpose(-2, -1) @ qs  # (B, Hkv, bk, D)
         dq[:, :, :, i0:i1] = dq_blk.view(B, Hkv, G, bq, D)
     # qs carried the scale, so dK already has it; dQ = scale · dS K.
-    dq = (dq * spec.scale).reshape(B, H, T, D).to(q.dtype)
-    return dq, dk.to(k.dtype), dv.to(v.dtype)
+    dq = (dq * spec.scale).reshape(B, H, T, D)
+    return dq.to(dtypes[0]), dk.to(dtypes[1]), dv.to(dtypes[2])
