@@ -12,6 +12,7 @@ from types import ModuleType
 
 from qkv.attention import backends
 from qkv.attention.call import AttentionCall
+from qkv.attention.costs import Cost, predict
 
 __all__ = ["BACKENDS", "PREFERENCE", "Explanation", "decide", "select"]
 
@@ -32,20 +33,24 @@ class Explanation:
         chosen: name of the backend ``auto`` runs.
         reasons: for every other backend, why it was not chosen.
         shapes: the call's ``B, H, Hkv, T, S, D, Dv`` after validation.
+        costs: predicted FLOPs and peak extra memory of each backend's forward
+            (:mod:`qkv.attention.costs`).
     """
 
     chosen: str
     reasons: dict[str, str] = field(default_factory=dict)
     shapes: dict[str, int] = field(default_factory=dict)
+    costs: dict[str, Cost] = field(default_factory=dict)
 
     def __str__(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in self.shapes.items())
         lines = [f"auto -> {self.chosen}" + (f"  ({dims})" if dims else "")]
         for name in PREFERENCE:
+            cost = f"  [{self.costs[name]}]" if name in self.costs else ""
             if name == self.chosen:
-                lines.append(f"  {name}: chosen")
+                lines.append(f"  {name}: chosen{cost}")
             elif name in self.reasons:
-                lines.append(f"  {name}: not chosen, {self.reasons[name]}")
+                lines.append(f"  {name}: not chosen, {self.reasons[name]}{cost}")
         return "\n".join(lines)
 
 
@@ -76,7 +81,8 @@ def decide(call: AttentionCall) -> Explanation:
         "B": q.shape[0], "H": q.shape[1], "Hkv": call.num_kv_heads, "T": call.T,
         "S": call.S, "D": q.shape[3], "Dv": v.shape[3],
     }
-    return Explanation(chosen=chosen, reasons=reasons, shapes=shapes)
+    costs = {name: predict(call, name) for name in PREFERENCE}
+    return Explanation(chosen=chosen, reasons=reasons, shapes=shapes, costs=costs)
 
 
 def select(call: AttentionCall, backend: str) -> ModuleType:

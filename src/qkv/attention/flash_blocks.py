@@ -81,10 +81,20 @@ BLOCKS = {
 }
 
 
+# Decode path: at most this many queries use one query block against key blocks this long.
+DECODE_ROWS = 16
+DECODE_KEYS = 8192
+
+
 def block_sizes(T: int, S: int, D: int, dtype: torch.dtype) -> tuple[int, int]:
     """Query and key block sizes for a problem; never larger than the problem itself."""
     family = {torch.float64: "float64", torch.float32: "float32"}.get(dtype, "bfloat16")
     bq, bk = BLOCKS[family]
+    if T <= DECODE_ROWS:
+        # Decoding (a few queries against a long cache): one query block and key blocks long
+        # enough that the per-tile Python overhead vanishes; a tile is then only
+        # (B, H, T, DECODE_KEYS) scores.
+        return T, max(1, min(DECODE_KEYS, S))
     # Wide heads make each tile's matmuls heavier relative to its softmax: smaller tiles keep
     # the working set of q, k and v blocks in cache.
     if D > 128:

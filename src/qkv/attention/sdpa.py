@@ -132,4 +132,6 @@ def explain(
     reasons.pop(impl.NAME, None)
     if decision.chosen != impl.NAME:
         reasons[decision.chosen] = f"backend={impl.NAME!r} was requested"
-    return Explanation(chosen=impl.NAME, reasons=reasons, shapes=decision.shapes)
+    return Explanation(
+        chosen=impl.NAME, reasons=reasons, shapes=decision.shapes, costs=decision.costs
+    )
