@@ -94,7 +94,7 @@ def block_sizes(T: int, S: int, D: int, dtype: torch.dtype) -> tuple[int, int]:
         # Decoding (a few queries against a long cache): one query block and key blocks long
         # enough that the per-tile Python overhead vanishes; a tile is then only
         # (B, H, T, DECODE_KEYS) scores.
-        return T, max(1, min(DECODE_KEYS, S))
+        return max(1, T), max(1, min(DECODE_KEYS, S))
     # Wide heads make each tile's matmuls heavier relative to its softmax: smaller tiles keep
     # the working set of q, k and v blocks in cache.
     if D > 128:
