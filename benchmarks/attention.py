@@ -13,14 +13,9 @@ For each length and backend, in one run and interleaved so that drift hits all a
 * **GFLOP/s** from the min time (the least disturbed run on a shared machine): forward
   counts ``4·B·H·T·S·D`` flops (two matmuls of ``2·T·S·D`` each), backward ``2.5×`` that, so
   forward + backward is ``3.5×``. The auto/torch ratios are given for min and median.
-* **peak extra memory**: each configuration runs once more in a fresh subprocess, which
-  builds its inputs, warms the kernel up on a tiny input, resets the kernel's peak-RSS mark
-  (``/proc/self/clear_refs``, Linux; elsewhere the mark is not reset, which can only
-  overstate the baseline), then reads the peak RSS (``VmHWM`` in ``/proc/self/status`` on
-  Linux, ``ru_maxrss`` elsewhere) after one call: the delta is the resident
-  memory the call needed beyond its inputs (output, and in forward + backward the saved
-  tensors and the three input gradients). ``MALLOC_MMAP_THRESHOLD_`` is fixed in the
-  subprocess so large buffers are mapped and unmapped, not recycled invisibly by malloc.
+* **peak extra memory**: each configuration runs once more in a fresh subprocess (the method
+  is in ``benchmarks/common.py``): the peak-RSS delta over one call, inputs not counted, i.e.
+  the output and, in forward + backward, the saved tensors and the three input gradients.
 
 The thread count is fixed (``--threads``, default torch's choice) and printed. Results go to a
 rich table and to JSON (``benchmarks/results/attention.json``; ``--quick`` writes
@@ -31,13 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import resource
-import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,6 +37,14 @@ from rich.console import Console
 from rich.table import Table
 
 import qkv
+from common import (
+    MEMORY_METHOD,
+    peak_rss_bytes,
+    reset_peak_rss,
+    run_probe,
+    summarise,
+    time_calls,
+)
 
 B, H, D = 1, 8, 64
 DTYPE = torch.float32
@@ -86,43 +84,12 @@ def run_once(fn: Attention, q, k, v, dout, backward: bool) -> None:
     fn(q, k, v).backward(dout)
 
 
-def time_calls(fn: Attention, inputs, backward: bool, warmup: int, repeats: int) -> list[float]:
+def _times(fn: Attention, inputs, backward: bool, warmup: int, repeats: int) -> list[float]:
     """Seconds per call for ``repeats`` calls after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        run_once(fn, *inputs, backward=backward)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run_once(fn, *inputs, backward=backward)
-        times.append(time.perf_counter() - start)
+    times, _ = time_calls(
+        lambda: run_once(fn, *inputs, backward=backward), warmup=warmup, repeats=repeats
+    )
     return times
-
-
-def _reset_peak_rss() -> bool:
-    """Reset the kernel's peak-RSS mark to the current RSS (Linux >= 4.0); False if unable."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_rss_bytes() -> int:
-    """This process's peak resident set: ``VmHWM`` on Linux, else ``ru_maxrss``.
-
-    ``ru_maxrss`` is not used on Linux: it also covers the pre-exec memory of the parent
-    (the benchmark itself, far larger than a probe), and clear_refs does not reset that part.
-    """
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024  # reported in kB
-    except OSError:
-        pass
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss if sys.platform == "darwin" else rss * 1024  # bytes on macOS, kB elsewhere
 
 
 def probe_memory(backend: str, T: int, mode: str) -> dict:
@@ -130,26 +97,20 @@ def probe_memory(backend: str, T: int, mode: str) -> dict:
     fn, backward = BACKENDS[backend], mode == "fwd_bwd"
     run_once(fn, *make_inputs(16, 16, backward), backward=backward)  # lazy init, thread pool
     inputs = make_inputs(T, T, backward)
-    reset = _reset_peak_rss()
-    before = _peak_rss_bytes()
+    reset = reset_peak_rss()
+    before = peak_rss_bytes()
     run_once(fn, *inputs, backward=backward)
-    return {"peak_extra_bytes": _peak_rss_bytes() - before, "peak_reset": reset}
+    return {"peak_extra_bytes": peak_rss_bytes() - before, "peak_reset": reset}
 
 
 def measure_memory(backend: str, T: int, mode: str, threads: int) -> int | None:
     """Peak extra bytes of one configuration, measured in a fresh subprocess."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=str(threads))
     cmd = [sys.executable, __file__, "--probe", backend, str(T), mode, "--threads", str(threads)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    if proc.returncode != 0:
-        print(f"memory probe failed for {backend} T={T} {mode}:\n{proc.stderr}", file=sys.stderr)
+    try:
+        return run_probe(cmd, threads)["peak_extra_bytes"]
+    except RuntimeError as err:
+        print(f"memory probe failed for {backend} T={T} {mode}: {err}", file=sys.stderr)
         return None
-    return json.loads(proc.stdout.strip().splitlines()[-1])["peak_extra_bytes"]
-
-
-def summarise(times: list[float], flops: float) -> dict:
-    best = min(times)
-    return {"min_s": best, "median_s": statistics.median(times), "gflops": flops / best / 1e9}
 
 
 def benchmark(lengths, warmup: int, repeats: int, threads: int, memory: bool) -> list[dict]:
@@ -167,9 +128,9 @@ def benchmark(lengths, warmup: int, repeats: int, threads: int, memory: bool) ->
                 err = float((fn(*inference[:3]) - expected).abs().max())
             record = {
                 "T": T, "S": S, "backend": name, "max_abs_diff_vs_torch": err,
-                "fwd": summarise(time_calls(fn, inference, False, warmup, repeats), fwd_flops),
+                "fwd": summarise(_times(fn, inference, False, warmup, repeats), fwd_flops),
                 "fwd_bwd": summarise(
-                    time_calls(fn, training, True, warmup, repeats),
+                    _times(fn, training, True, warmup, repeats),
                     fwd_flops * (1 + BACKWARD_FACTOR),
                 ),
             }
@@ -264,8 +225,7 @@ def main(argv: list[str] | None = None) -> None:
         "repeats": repeats, "torch": torch.__version__, "qkv": qkv.__version__,
         "python": platform.python_version(), "machine": platform.machine(),
         "flops": f"forward 4*B*H*T*S*D; backward {BACKWARD_FACTOR}x forward",
-        "memory_method": "peak-RSS delta (VmHWM) over one call in a fresh subprocess, peak "
-        "mark reset via /proc/self/clear_refs after building the inputs (inputs not counted)",
+        "memory_method": MEMORY_METHOD,
     }
     records = benchmark(lengths, warmup, repeats, args.threads, memory=not args.no_memory)
     rat = ratios(records)

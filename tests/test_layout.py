@@ -8,11 +8,17 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "qkv"
 MAX_LINES = 500
 # Each layer may import only the layers listed for it (and itself).
+_CORE = {"reference", "attention", "nn", "models"}
 ALLOWED = {
     "reference": {"reference"},
     "attention": {"attention", "reference"},
     "nn": {"nn", "attention", "reference"},
     "models": {"models", "nn", "attention", "reference"},
+    "data": {"data", "attention"},
+    "generate": {"generate"} | _CORE,
+    "train": {"train", "data", "generate"} | _CORE,
+    "pretrained": {"pretrained", "data", "generate", "train"} | _CORE,
+    "inspect": {"inspect", "data", "generate", "train", "pretrained"} | _CORE,
 }
 
 

@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
-from helpers import assert_close
 
 import qkv
+from helpers import assert_close
 from qkv import masks
 from qkv.attention.backends import flash
 from qkv.attention.call import make_call
@@ -41,9 +41,7 @@ def explicit_bias(H, T, S, *, shift=None, window=None, slopes=None, causal=True)
     for h in range(H):
         for i in range(T):
             for j in range(S):
-                if causal and j > i + shift:
-                    bias[h, i, j] = -math.inf
-                elif window is not None and j <= i + shift - window:
+                if (causal and j > i + shift) or (window is not None and j <= i + shift - window):
                     bias[h, i, j] = -math.inf
                 elif slopes is not None:
                     bias[h, i, j] = -float(slopes[h]) * abs(i + shift - j)
@@ -97,6 +95,16 @@ def test_lse_equals_torch_logsumexp(name, kwargs, spec):
     assert torch.equal(torch.isneginf(lse), torch.isneginf(ref)), "rows with no key: lse = -inf"
     finite = torch.isfinite(ref)
     assert_close(lse[finite], ref[finite], atol=1e-10, name="lse")
+
+
+def test_rebuilt_weights_precise_with_large_scores():
+    """Scores around 100: lse rounded to float32 alone would put weights ~1e-5 off."""
+    q, k, v = inputs(B=1, H=2, Hkv=2, T=16, S=24, D=8, dtype=torch.float32)
+    q = q * 12.0
+    out, w = qkv.scaled_dot_product_attention(q, k, v, need_weights=True, backend="flash")
+    ref = torch.softmax(q.double() @ k.double().transpose(-2, -1) / math.sqrt(8), -1)
+    assert_close(w, ref, atol=2e-6, name="flash weights at large scores")
+    assert w.max() <= 1.0 + 1e-7
 
 
 def test_lse_is_float32_for_bfloat16():

@@ -112,7 +112,7 @@ def test_tour_explanations_are_the_library_s(tours):
     q = torch.zeros(1, 8, 64, 64)
     assert tour.explain_fast == str(qkv.explain(q, q, q))
     assert tour.explain_weights == str(qkv.explain(q, q, q, need_weights=True))
-    assert tour.explain_weights.startswith("auto -> math")
+    assert tour.explain_weights.startswith("auto -> flash")
 
 
 def test_tour_is_deterministic_and_seeded():
@@ -153,7 +153,7 @@ def test_tour_command_prints_the_key_lines():
         "64 MiB",  # T = S = 4096 in float32, one head
         "128 GiB",  # T = S = 65536 in float32, B=1, H=8
         "auto -> torch",
-        "auto -> math",
+        "auto -> flash",
     ):
         assert line in out, f"missing {line!r} in:\n{out}"
 
@@ -249,7 +249,7 @@ def test_explain_command_names_the_chosen_backend(need_weights, causal, dtype):
     expected = qkv.explain(q, k, v, is_causal=causal, need_weights=need_weights)
     assert f"auto -> {expected.chosen}" in result.stdout
     assert result.stdout.startswith(str(expected)), result.stdout
-    assert expected.chosen == ("math" if need_weights else "torch")
+    assert expected.chosen == ("flash" if need_weights else "torch")
     size = torch.finfo(dtype.to_torch()).bits // 8
     assert f"in {dtype.value}: {human_bytes(8 * 1024 * 1024 * size)}" in result.stdout
 

@@ -11,6 +11,7 @@ head, over the (query, key) pairs the backend actually computes.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -41,7 +42,7 @@ def _human(n: float) -> str:
 
 
 def _size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize  # no tensor allocated: ``auto`` predicts costs on every call
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -50,51 +51,153 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 
 def _visible_pairs(call: AttentionCall, bq: int, bk: int) -> int:
     """Query-key pairs inside the tiles a blockwise backend visits."""
-    plans = plan_blocks(call.T, call.S, bq, bk, call.causal, call.window)
+    return _tile_pairs(call.T, call.S, bq, bk, call.causal, call.window)
+
+
+@functools.lru_cache(maxsize=256)
+def _tile_pairs(T: int, S: int, bq: int, bk: int, causal: int | None, window: int | None) -> int:
+    # Cached: ``auto`` predicts every backend's cost on every call, and a plan of 16384²
+    # has thousands of tiles.
+    plans = plan_blocks(T, S, bq, bk, causal, window)
     return sum((t.i1 - t.i0) * (t.j1 - t.j0) for row in plans for t in row.tiles)
 
 
 def _dense_mask_bytes(call: AttentionCall) -> int:
-    """Bytes of the (B|1, H|1, T, S) mask a dense backend materialises from the parts."""
+    """Bytes of the (B|1, H|1, T, S) mask ``dense_mask`` materialises from the parts.
+
+    Causal and window parts alone give a ``(T, S)`` bool; ALiBi gives an ``(H, T, S)`` bias
+    in the query's dtype (made in float32 first: see ``_alibi_build_bytes``).
+    """
     if call.causal is None and call.alibi is None and call.window is None:
         return 0
-    B, H, T, S = call.query.shape[0], call.num_heads, call.T, call.S
-    heads = H if call.alibi is not None else 1
-    batch = call.mask.shape[0] if call.mask is not None else 1
+    H, T, S = call.num_heads, call.T, call.S
+    # Combined with a user mask, the result takes that mask's batch and head dimensions.
+    batch, heads = call.mask.shape[:2] if call.mask is not None else (1, 1)
+    heads = H if call.alibi is not None else heads
     itemsize = _size(call.query.dtype) if call.alibi is not None else 1
     return batch * heads * T * S * itemsize
 
 
+def _alibi_build_bytes(call: AttentionCall) -> int:
+    """While ``dense_mask`` builds an ALiBi bias: the float32 ``(H, T, S)`` bias beside the
+    float32 ``(T, S)`` distances it is made from, or beside its copy in the query's dtype."""
+    if call.alibi is None:
+        return 0
+    H, T, S, dtype = call.num_heads, call.T, call.S, call.query.dtype
+    cast = H * T * S * _size(dtype) if dtype != torch.float32 else 0
+    return H * T * S * 4 + max(T * S * 4, cast)
+
+
+def _rebuild_bytes(call: AttentionCall) -> int:
+    """Peak working set of ``weights.rebuild`` (flash with ``need_weights``), output excluded.
+
+    It indexes copies of ``q (B, H, T, D)`` and ``k (B, H, S, D)`` (one key head per query
+    head), then holds the scores, the scores minus the lse and their exponential together,
+    each ``(B, H, T, S)`` in the accumulation dtype; the causal keep mask ``(T, S)`` bool and
+    the float32 ALiBi bias ``(H, T, S)`` stay alive beside them.
+    """
+    q = call.query
+    B, H, T, D = q.shape
+    S = call.S
+    pairs = B * H * T * S
+    copies = B * H * (T + S) * D * _size(q.dtype)
+    structure = T * S if call.causal is not None else 0
+    bias = H * T * S * 4 if call.alibi is not None else 0
+    return 3 * pairs * _size(_acc(q.dtype)) + copies + structure + bias
+
+
+def _torch_split(T: int) -> int:
+    """Query rows per block of torch's CPU flash kernel (keys go by 512)."""
+    return 256 if T >= 768 else 64 if T >= 192 else 32
+
+
+def _torch_dense(call: AttentionCall) -> bool:
+    """Whether qkv's torch backend materialises a dense mask (``torch_kernel.run``)."""
+    if call.plain and call.groups > 1:
+        return False  # query heads folded into the length, no mask at all
+    top_left_only = call.mask is None and call.alibi is None and call.window is None
+    return not (call.causal in (None, 0) and top_left_only)
+
+
+def _causal_pairs(T: int, S: int, shift: int) -> int:
+    """(query, key) pairs with ``j <= i + shift`` in a ``T×S`` grid, in closed form."""
+    a = shift + 1  # query i sees min(S, max(0, i + a)) keys
+    i0 = min(T, max(0, -a))  # first query that sees a key
+    i1 = max(i0, min(T, S - a))  # first query that sees every key
+    n = i1 - i0
+    return n * (2 * a + i0 + i1 - 1) // 2 + (T - i1) * S
+
+
 def predict(call: AttentionCall, backend: str) -> Cost:
-    """Predicted FLOPs and peak extra memory of ``backend`` on ``call`` (forward only)."""
+    """Predicted FLOPs and peak extra memory of ``backend`` on ``call`` (forward only).
+
+    The peak counts what the call allocates beyond its inputs: the output, the log-sum-exp,
+    the weights when asked for, and every working tensor alive at the worst moment.
+    Calibrated against measured peak RSS (``benchmarks/memprobe.py``) within a few percent
+    for tens of MiB and more; below a few MiB the allocator's own noise dominates.
+    """
     q, v = call.query, call.value
     B, H, T, D = q.shape
     S, Dv = call.S, v.shape[-1]
     BH = B * H
     dtype = q.dtype
+    acc = _size(_acc(dtype))
     out = BH * T * Dv * _size(dtype)
     if backend == "math":
         pairs = BH * T * S
-        # scores, the shifted scores and their exponentials are alive together in the softmax.
-        work = 3 * pairs * _size(_acc(dtype)) + _dense_mask_bytes(call)
+        # The softmax's peak: the scores (kept by the caller), the scores minus the row
+        # maximum and their exponential, all (B, H, T, S) in the accumulation dtype, beside
+        # the dense mask. The weights are the softmax's result, so need_weights adds nothing.
+        work = 3 * pairs * acc + _dense_mask_bytes(call)
         return Cost(pairs * 2 * (D + Dv), out + work)
     if backend == "flash":
         bq, bk = block_sizes(T, S, D, dtype)
-        acc = _size(_acc(dtype))
         pairs = B * H * _visible_pairs(call, bq, bk)
-        tile = BH * bq * min(bk, S) * acc  # one score tile; exp is taken in place
+        bk = min(bk, S)
+        # Two score tiles (B, H, bq, bk): exp is taken in place, but the previous tile is
+        # still referenced while the next tile's Q·Kᵀ is computed.
+        tiles = 2 * BH * bq * bk * acc
+        # ALiBi's bias for one tile is made for every head, (H, bq, bk), before it is added.
+        alibi = H * bq * bk * acc if call.alibi is not None else 0
         acc_rows = BH * bq * (Dv + 2) * acc * 2  # running output, max, sum and P·V of a block
-        scaled_q = BH * T * D * acc  # q · scale, made once
-        upcast = 0 if _acc(dtype) == dtype else (B * call.num_kv_heads * S * (D + Dv) * acc)
-        lse = BH * T * acc
-        return Cost(pairs * 2 * (D + Dv), out + lse + tile + acc_rows + scaled_q + upcast)
+        # Grouped heads: the query tile (B, Hkv, G·bq, D) is a copy, not a view.
+        group_q = BH * bq * D * acc if call.groups > 1 else 0
+        scaled_q = BH * T * D * acc  # q · scale (upcast for half precision), made once
+        # Half precision: the K and V tiles of the step are converted to float32 (two steps'
+        # worth alive while the next tile is made).
+        upcast = 0 if _acc(dtype) == dtype else 2 * B * call.num_kv_heads * bk * (D + Dv) * acc
+        # float64 for float32 inputs, float32 for half precision (see backends/flash.py).
+        lse = BH * T * (4 if _acc(dtype) != dtype else 8)
+        work = tiles + alibi + acc_rows + group_q + scaled_q + upcast
+        if call.need_weights:
+            # The weights are rebuilt after the blockwise pass, whose tiles are freed by then.
+            work = max(work, _rebuild_bytes(call))
+        return Cost(pairs * 2 * (D + Dv), out + lse + work)
     if backend == "torch":
         pairs = BH * T * S
-        if call.causal == 0 and call.mask is None and call.alibi is None:
-            pairs = BH * (T * S - (T * (T - 1)) // 2 if T <= S else S * (S + 1) // 2 + (T - S) * S)
-        # torch's CPU flash kernel: the output, its log-sum-exp and small per-thread tiles.
+        if call.causal == 0 and not _torch_dense(call):
+            # is_causal: the kernel skips the blocks above the diagonal (a dense mask does not).
+            pairs = BH * _causal_pairs(T, S, 0)
+        # torch's CPU flash kernel: per thread, a (qs, 512) score block, its row max and sum
+        # and a (qs, Dv) output block in the accumulation dtype (plus a copy of the score
+        # block in half precision); then its output and the float32 log-sum-exp.
         threads = torch.get_num_threads()
-        tiles = threads * 128 * 512 * 4 * 2
+        qs, ks = min(_torch_split(T), T), min(512, S)
+        block = (qs * ks + 2 * qs + qs * Dv) * acc + (0 if acc == _size(dtype) else qs * ks * 2)
         lse = BH * T * 4
-        return Cost(pairs * 2 * (D + Dv), out + lse + tiles + _dense_mask_bytes(call))
+        kernel = out + lse + threads * block
+        if not _torch_dense(call):
+            return Cost(pairs * 2 * (D + Dv), kernel)
+        # A dense mask is made first: its peak is the mask beside a bool of its size (the
+        # search for rows with no visible key, freed before the kernel runs), or the ALiBi
+        # bias while it is built; then the kernel runs beside the mask.
+        dense = _dense_mask_bytes(call)
+        if call.alibi is not None:
+            numel = dense // _size(dtype)
+        elif dense == 0 and call.mask is not None:
+            numel = call.mask.numel()
+        else:
+            numel = dense
+        peak = max(dense + numel, _alibi_build_bytes(call), dense + kernel)
+        return Cost(pairs * 2 * (D + Dv), peak)
     raise ValueError(f"no cost model for backend {backend!r}")

@@ -63,8 +63,9 @@ def _why_not_auto(name: str, call: AttentionCall) -> str | None:
     return why
 
 
-def decide(call: AttentionCall) -> Explanation:
-    """Run the ``auto`` policy on ``call`` and record every reason."""
+def decide(call: AttentionCall, *, with_costs: bool = True) -> Explanation:
+    """Run the ``auto`` policy on ``call`` and record every reason (and, for ``explain``,
+    every backend's predicted cost; ``auto`` itself skips that work)."""
     reasons: dict[str, str] = {}
     chosen = None
     for name in PREFERENCE:
@@ -81,7 +82,7 @@ def decide(call: AttentionCall) -> Explanation:
         "B": q.shape[0], "H": q.shape[1], "Hkv": call.num_kv_heads, "T": call.T,
         "S": call.S, "D": q.shape[3], "Dv": v.shape[3],
     }
-    costs = {name: predict(call, name) for name in PREFERENCE}
+    costs = {name: predict(call, name) for name in PREFERENCE} if with_costs else {}
     return Explanation(chosen=chosen, reasons=reasons, shapes=shapes, costs=costs)
 
 
@@ -95,7 +96,7 @@ def select(call: AttentionCall, backend: str) -> ModuleType:
         known = ", ".join(repr(b) for b in ("auto", *BACKENDS))
         raise ValueError(f"backend must be one of {known}, got {backend!r}")
     if backend == "auto":
-        return BACKENDS[decide(call).chosen]
+        return BACKENDS[decide(call, with_costs=False).chosen]
     module = BACKENDS[backend]
     why = module.why_not(call)
     if why is not None:

@@ -38,9 +38,11 @@ def rebuild(
     )
     rows = rows or slice(None)
     acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    qs = q[:, head_idx, rows]  # (B, H', T', D)
-    ks = k[:, head_idx // G]  # (B, H', S, D): the key/value head each query head reads
-    s = (qs @ ks.transpose(-2, -1)).to(acc) * call.scale  # (B, H', T', S)
+    # Scores computed exactly as the flash backend computes them (scale folded into q, in the
+    # accumulation dtype), so they match the lse to the last bit rather than to rounding.
+    qs = q[:, head_idx, rows].to(acc) * call.scale  # (B, H', T', D)
+    ks = k[:, head_idx // G].to(acc)  # (B, H', S, D): the key/value head each query head reads
+    s = qs @ ks.transpose(-2, -1)  # (B, H', T', S)
     keep = structure_keep(call, rows=rows)
     if keep is not None:
         s = s.masked_fill(~keep, float("-inf"))
@@ -52,9 +54,13 @@ def rebuild(
         m = m[:, head_idx] if m.shape[1] > 1 else m
         m = m[:, :, rows] if m.shape[2] > 1 else m
         s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.to(acc)
-    l = lse[:, head_idx, rows].to(acc)[..., None]  # (B, H', T', 1)
+    l = lse[:, head_idx, rows][..., None]  # (B, H', T', 1)
     l = l.masked_fill(torch.isneginf(l), float("inf"))  # rows with no key: exp(-inf) = 0
-    return torch.exp(s - l).to(q.dtype)
+    # lse in two parts, hi + lo: s - hi is exact where it matters (s near hi), so the weights
+    # keep the precision of the scores instead of that of lse rounded to their dtype.
+    hi = l.to(acc)
+    lo = torch.nan_to_num(l - hi.to(l.dtype), nan=0.0).to(acc)
+    return torch.exp((s - hi) - lo).to(q.dtype)
 
 
 def attention_weights(

@@ -17,7 +17,7 @@ from types import ModuleType
 
 import typer
 
-from qkv.cli import explain_cmd, tour
+from qkv.cli import bench_cmd, explain_cmd, inspect_cmd, tour
 
 __all__ = ["COMMANDS", "app"]
 
@@ -25,6 +25,8 @@ __all__ = ["COMMANDS", "app"]
 COMMANDS: tuple[ModuleType, ...] = (
     tour,
     explain_cmd,
+    inspect_cmd,
+    bench_cmd,
 )
 
 app = typer.Typer(

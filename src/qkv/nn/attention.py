@@ -12,6 +12,14 @@ al., 2021) and ``alibi=True`` adds linear distance biases to the scores (Press e
 both are for self-attention. With a :class:`~qkv.nn.cache.LayerKVCache` the new tokens are
 placed after the cached ones: rotary positions start at the cached length, and the causal mask
 and ALiBi are aligned bottom-right (the queries are the last ``T`` of the ``S`` keys).
+
+Hook points (:mod:`qkv.nn.hooks`; read or replace intermediates, used by :mod:`qkv.inspect`):
+``hook_q (B, H, T, D)``, ``hook_k (B, Hkv, S, D)``, ``hook_v (B, Hkv, S, Dv)`` after rotary
+positions and the cache (a replacement changes this call, not what the cache holds);
+``hook_inputs`` (the :class:`~qkv.nn.hooks.AttentionInputs` handed to SDPA); ``hook_scores``
+and ``hook_weights`` ``(B, H, T, S)``, formed only while a hook listens, and then this layer
+runs the math path (:func:`~qkv.nn.hooks.explicit_attention`) instead of the fused kernel;
+``hook_out (B, H, T, Dv)``, the per-head outputs before the heads are merged.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from qkv.attention import masks
 from qkv.attention.sdpa import scaled_dot_product_attention
 from qkv.nn.alibi import alibi_bias, alibi_slopes
 from qkv.nn.cache import LayerKVCache
+from qkv.nn.hooks import AttentionInputs, HookPoint, explicit_attention, listening
 from qkv.nn.rope import RotaryEmbedding
 
 __all__ = ["Attention"]
@@ -116,6 +125,11 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(self.d_context, Hkv * D, bias=bias)
         self.v_proj = nn.Linear(self.d_context, Hkv * D, bias=bias)
         self.out_proj = nn.Linear(H * D, d_model, bias=bias)
+        # Identity hook points (see the module docstring); no parameters, no state_dict keys.
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_inputs = HookPoint()
+        self.hook_scores, self.hook_weights = HookPoint(), HookPoint()
+        self.hook_out = HookPoint()
 
     def extra_repr(self) -> str:
         parts = [f"d_model={self.d_model}", f"num_heads={self.num_heads}"]
@@ -175,20 +189,28 @@ class Attention(nn.Module):
             q, k, v = self._self_keys(x, q, cache, positions)
         else:
             k, v = self._cross_keys(context, cache, x.shape[0])
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         T, S = q.shape[2], k.shape[2]
         attn_mask, causal_flag, slopes = self._mask(mask, is_causal, T, S, x)
-        result = scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=attn_mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=causal_flag,
+        inputs = self.hook_inputs(AttentionInputs(
+            q, k, v, attn_mask=attn_mask, is_causal=causal_flag, alibi_slopes=slopes,
             enable_gqa=self.num_heads != self.num_kv_heads,
-            need_weights=need_weights,
-            alibi_slopes=slopes,
-        )
-        out, weights = result if need_weights else (result, None)
+            dropout_p=self.dropout if self.training else 0.0, cross=context is not None,
+        ))
+        if listening(self.hook_scores, self.hook_weights):
+            # Someone reads or replaces the scores/weights: only the math path forms them.
+            out, weights = explicit_attention(
+                inputs, self.hook_scores, self.hook_weights, need_weights
+            )
+        else:
+            result = scaled_dot_product_attention(
+                inputs.query, inputs.key, inputs.value, attn_mask=inputs.attn_mask,
+                dropout_p=inputs.dropout_p, is_causal=inputs.is_causal,
+                enable_gqa=inputs.enable_gqa, need_weights=need_weights,
+                alibi_slopes=inputs.alibi_slopes,
+            )
+            out, weights = result if need_weights else (result, None)
+        out = self.hook_out(out)  # (B, H, T, Dv)
         return self.out_proj(self._merge(out)), weights
 
     # --- helpers -----------------------------------------------------------------------------

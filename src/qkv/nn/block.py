@@ -18,6 +18,13 @@ Masks are keep masks (True = may attend) or float masks added to the scores, as 
 qkv. With a :class:`~qkv.nn.cache.LayerKVCache` one cache serves the block: self-attention
 appends the new keys/values, cross-attention stores the projected context once
 (``set_static``) and reuses it.
+
+Hook points (:class:`~qkv.nn.hooks.HookPoint`, ``(B, T, E)`` each): ``hook_resid_pre`` (the
+block's input), ``hook_attn_out`` (the self-attention sublayer's output, before dropout and the
+residual sum), ``hook_resid_mid`` (the stream after it, normalised for post-norm), with
+cross-attention ``hook_cross_out`` and ``hook_resid_cross``, then ``hook_ffn_out`` and
+``hook_resid_post`` (the block's output). The feed-forward's hidden activations are
+``ffn.hook_hidden``; the attention's own are in ``self_attn`` / ``cross_attn``.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from torch import Tensor, nn
 from qkv.nn.attention import Attention
 from qkv.nn.cache import LayerKVCache
 from qkv.nn.feedforward import make_feedforward
+from qkv.nn.hooks import HookPoint
 from qkv.nn.norms import make_norm
 from qkv.nn.rope import RotaryEmbedding
 
@@ -120,6 +128,12 @@ class TransformerBlock(nn.Module):
         self.ffn = make_feedforward(activation, d_model, d_ff, dropout=dropout, bias=bias)
         self.ffn_norm = make_norm(norm_kind, d_model, eps=norm_eps, bias=bias)
         self.dropout = nn.Dropout(dropout)
+        # Identity hook points on the residual stream (see the module docstring).
+        self.hook_resid_pre, self.hook_attn_out = HookPoint(), HookPoint()
+        self.hook_resid_mid = HookPoint()
+        self.hook_cross_out: HookPoint | None = HookPoint() if cross_attention else None
+        self.hook_resid_cross: HookPoint | None = HookPoint() if cross_attention else None
+        self.hook_ffn_out, self.hook_resid_post = HookPoint(), HookPoint()
 
     def extra_repr(self) -> str:
         return f"norm={self.norm!r}, cross_attention={self.cross_attn is not None}"
@@ -172,15 +186,21 @@ class TransformerBlock(nn.Module):
             out, _ = self.self_attn(
                 h, mask=mask, is_causal=is_causal, cache=cache, positions=positions
             )
-            return self.dropout(out)
+            return self.dropout(self.hook_attn_out(out))
 
-        x = self._residual(x, self_attention, self.attn_norm)
+        x = self.hook_resid_pre(x)
+        x = self.hook_resid_mid(self._residual(x, self_attention, self.attn_norm))
         if self.cross_attn is not None:
-            cross_attn = self.cross_attn
+            cross_attn, hook_out = self.cross_attn, self.hook_cross_out
+            assert hook_out is not None and self.hook_resid_cross is not None
 
             def cross_attention(h: Tensor) -> Tensor:
                 out, _ = cross_attn(h, context, mask=context_mask, cache=cache)
-                return self.dropout(out)
+                return self.dropout(hook_out(out))
 
-            x = self._residual(x, cross_attention, self.cross_norm)
-        return self._residual(x, lambda h: self.dropout(self.ffn(h)), self.ffn_norm)
+            x = self.hook_resid_cross(self._residual(x, cross_attention, self.cross_norm))
+
+        def feed_forward(h: Tensor) -> Tensor:
+            return self.dropout(self.hook_ffn_out(self.ffn(h)))
+
+        return self.hook_resid_post(self._residual(x, feed_forward, self.ffn_norm))

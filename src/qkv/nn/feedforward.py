@@ -9,6 +9,8 @@ Applied to every position independently, after attention in each transformer blo
 Submodule names follow the models people load weights from: ``linear1``/``linear2`` as in
 ``torch.nn.TransformerEncoderLayer``, ``gate_proj``/``up_proj``/``down_proj`` as in Hugging
 Face Llama. The dropout on the block's *output* belongs to the block, not to these layers.
+Each has an identity hook point ``hook_hidden`` on its ``(..., d_ff)`` hidden activations (after
+the activation or gate, before dropout), for :mod:`qkv.inspect`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
+
+from qkv.nn.hooks import HookPoint
 
 __all__ = ["ACTIVATIONS", "FeedForward", "SwiGLU", "make_feedforward"]
 
@@ -100,6 +104,7 @@ class FeedForward(nn.Module):
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
         self.dropout = nn.Dropout(_check_dropout(dropout))
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.hook_hidden = HookPoint()
 
     def forward(self, x: Tensor) -> Tensor:
         """Args: x ``(..., E)``. Returns ``(..., E)``.
@@ -108,7 +113,7 @@ class FeedForward(nn.Module):
             TypeError / ValueError: ``x`` is not a tensor with last dimension ``E``.
         """
         x = _check_input(x, self.d_model)
-        hidden = self.dropout(self.activation(self.linear1(x)))  # (..., d_ff)
+        hidden = self.dropout(self.hook_hidden(self.activation(self.linear1(x))))  # (..., d_ff)
         return self.linear2(hidden)  # (..., E)
 
     def extra_repr(self) -> str:
@@ -141,6 +146,7 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
         self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(_check_dropout(dropout))
+        self.hook_hidden = HookPoint()
 
     def forward(self, x: Tensor) -> Tensor:
         """Args: x ``(..., E)``. Returns ``(..., E)``.
@@ -150,6 +156,7 @@ class SwiGLU(nn.Module):
         """
         x = _check_input(x, self.d_model)
         gated = torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x)  # (..., d_ff)
+        gated = self.hook_hidden(gated)
         return self.down_proj(self.dropout(gated))  # (..., E)
 
     def extra_repr(self) -> str:

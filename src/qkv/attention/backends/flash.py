@@ -66,7 +66,7 @@ def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
 def attend(call: AttentionCall, *, block_q: int | None = None, block_k: int | None = None):
     """Run flash attention on ``call``: ``(out (B, H, T, Dv), lse (B, H, T))``.
 
-    ``lse`` is float32 for half-precision inputs, else the input dtype.
+    ``lse`` is float32 for half-precision inputs, else float64.
     """
     bq, bk = block_sizes(call.T, call.S, call.query.shape[-1], call.query.dtype)
     seed = 0
@@ -97,6 +97,10 @@ class _FlashFunction(torch.autograd.Function):
             dout = torch.zeros_like(out)
         dq, dk, dv = _backward(q, k, v, out, lse, dout, dlse, ctx.mask, ctx.alibi, ctx.spec)
         return dq, dk, dv, None, None, None
+
+
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else torch.float64
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -160,15 +164,20 @@ def _prepare(q, k, v, mask, alibi, spec):
     G = H // Hkv
     acc = _acc_dtype(q.dtype)
     # Half precision is computed in float32: CPUs without bf16 matrix units multiply bf16
-    # ~100x slower than float32, and float32 products of bf16 inputs are exact anyway.
+    # ~100x slower than float32, and float32 products of bf16 inputs are exact anyway. K and
+    # V are converted tile by tile (see _kv), so no float32 copy of the whole cache exists.
     qg = (q.to(acc) * spec.scale).reshape(B, Hkv, G, T, D)  # (B, Hkv, G, T, D), scale folded
-    k, v = k.to(acc), v.to(acc)
     gmask = _grouped_mask(mask, Hkv, G)
     # ALiBi slopes as a negative factor per (Hkv, G) head: bias = -slope · |distance|.
     galibi = None if alibi is None else (-alibi).reshape(Hkv, G, 1, 1).to(acc)
     shift = spec.causal if spec.causal is not None else S - T
     plans = plan_blocks(T, S, spec.bq, spec.bk, spec.causal, spec.window, alibi_shift=shift)
     return B, H, T, D, Hkv, S, G, acc, qg, k, v, gmask, galibi, plans
+
+
+def _kv(k: Tensor, v: Tensor, j0: int, j1: int, acc: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Key and value tiles ``(B, Hkv, bk, D|Dv)`` in the accumulation dtype."""
+    return k[:, :, j0:j1].to(acc), v[:, :, j0:j1].to(acc)
 
 
 def _row_max(s: Tensor) -> Tensor:
@@ -186,7 +195,7 @@ def _forward(q, k, v, mask, alibi, spec: _Spec):
     B, H, T, D, Hkv, S, G, acc, qg, k, v, gmask, galibi, plans = _prepare(q, k, v, mask, alibi, spec)
     Dv = v.shape[-1]
     out = torch.empty(B, Hkv, G, T, Dv, dtype=dtype, device=q.device)  # (B, Hkv, G, T, Dv)
-    lse = torch.empty(B, Hkv, G, T, 1, dtype=acc, device=q.device)
+    lse = torch.empty(B, Hkv, G, T, 1, dtype=_lse_dtype(dtype), device=q.device)
     for qi, row in enumerate(plans):
         i0, i1 = row.i0, row.i1
         bq = i1 - i0
@@ -196,8 +205,8 @@ def _forward(q, k, v, mask, alibi, spec: _Spec):
         o = torch.zeros(B, Hkv, G, bq, Dv, dtype=acc, device=q.device)
         for plan in row.tiles:
             j0, j1 = plan.j0, plan.j1
-            s = _tile_scores(qs, k[:, :, j0:j1], plan, gmask, galibi,
-                             (B, Hkv, G, bq, j1 - j0), spec, acc)
+            kt, vt = _kv(k, v, j0, j1, acc)
+            s = _tile_scores(qs, kt, plan, gmask, galibi, (B, Hkv, G, bq, j1 - j0), spec, acc)
             # 1) New running maximum; rows still all -inf keep 0 so exp gives exact zeros.
             m_new = torch.maximum(m, _row_max(s))
             m_safe = m_new.masked_fill(torch.isneginf(m_new), 0.0)
@@ -209,12 +218,14 @@ def _forward(q, k, v, mask, alibi, spec: _Spec):
             if spec.dropout_p > 0.0:
                 keep = _dropout_keep(spec, qi, plan.index, p.shape, p.device)
                 p = p * keep / (1.0 - spec.dropout_p)
-            pv = p.view(B, Hkv, G * bq, j1 - j0) @ v[:, :, j0:j1]  # (B, Hkv, G·bq, Dv)
+            pv = p.view(B, Hkv, G * bq, j1 - j0) @ vt  # (B, Hkv, G·bq, Dv)
             o.mul_(alpha).add_(pv.view(B, Hkv, G, bq, Dv))
             m = m_new
         # 4) Normalise; rows that saw no key have l = 0 and stay zero.
         out[:, :, :, i0:i1] = (o / l.masked_fill(l == 0, 1.0)).to(dtype)
-        lse[:, :, :, i0:i1] = m + torch.log(l)  # -inf where l = 0
+        # In float64 for float32 inputs: lse ~ the largest score, and its float32 rounding
+        # alone would put weights rebuilt from it ~1e-5 off (a weight of 1.00002).
+        lse[:, :, :, i0:i1] = m.to(lse.dtype) + torch.log(l.to(lse.dtype))  # -inf where l = 0
     return out.reshape(B, H, T, Dv), lse.reshape(B, H, T)  # (B, H, T, Dv), (B, H, T)
 
 
@@ -233,7 +244,7 @@ def _backward(q, k, v, out, lse, dout, dlse, mask, alibi, spec: _Spec):
     lse_b = lse_b.masked_fill(torch.isneginf(lse_b), float("inf")).to(acc)
     dq = torch.zeros(B, Hkv, G, T, D, dtype=acc, device=q.device)
     dk = torch.zeros(B, Hkv, S, D, dtype=acc, device=q.device)
-    dv = torch.zeros(B, Hkv, S, Dv, dtype=acc, device=q.device)
+    dv = torch.zeros(B, Hkv, S, v.shape[-1], dtype=acc, device=q.device)
     for qi, row in enumerate(plans):
         i0, i1 = row.i0, row.i1
         bq = i1 - i0
@@ -243,7 +254,7 @@ def _backward(q, k, v, out, lse, dout, dlse, mask, alibi, spec: _Spec):
         for plan in row.tiles:
             j0, j1 = plan.j0, plan.j1
             bk = j1 - j0
-            kt, vt = k[:, :, j0:j1], v[:, :, j0:j1]
+            kt, vt = _kv(k, v, j0, j1, acc)
             s = _tile_scores(qs, kt, plan, gmask, galibi, (B, Hkv, G, bq, bk), spec, acc)
             p = s.sub_(lse_b[:, :, :, i0:i1]).exp_()  # (B, Hkv, G, bq, bk): exact weights
             dp = (do @ vt.transpose(-2, -1)).view(B, Hkv, G, bq, bk)  # dL/d(applied p)

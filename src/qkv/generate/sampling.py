@@ -1,0 +1,135 @@
+"""Choosing the next token from logits: temperature, top-k, top-p (nucleus), seeded draws.
+
+The order is the usual one: divide the logits by the temperature, keep the ``k`` largest
+(top-k), then keep the smallest set of tokens whose probability mass reaches ``p`` (top-p,
+Holtzman et al. 2020), renormalise and draw.
+
+Draws are reproducible and independent across rows: row ``b`` has its own
+``torch.Generator`` (seeded ``seed + b`` by default) and draws one uniform number per step by
+inverse-CDF, so a row samples the same tokens whether it is decoded alone or in a batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["Sampler", "filter_logits", "top_p_keep"]
+
+
+def top_p_keep(probs: Tensor, p: float) -> Tensor:
+    """The nucleus: for each row the smallest set of tokens whose total probability >= ``p``.
+
+    Tokens are taken from the most probable down; a token is kept if the mass of the tokens
+    before it is still below ``p`` (so the most probable token is always kept). Equal
+    probabilities are taken in index order.
+
+    Args:
+        probs: ``(B, V)`` probabilities (rows summing to 1).
+        p: in ``(0, 1]``.
+
+    Returns:
+        ``(B, V)`` bool, True = kept.
+
+    Raises:
+        ValueError: ``p`` outside ``(0, 1]``.
+    """
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"top_p must lie in (0, 1], got {p!r}")
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # (B, V) each
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs  # (B, V)
+    keep_sorted = mass_before < p  # (B, V)
+    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)  # (B, V)
+
+
+def filter_logits(
+    logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None,
+    top_p: float | None = None,
+) -> Tensor:  # fmt: skip
+    """Tempered logits with everything outside top-k / top-p set to ``-inf``.
+
+    Args:
+        logits: ``(B, V)``.
+        temperature: > 0; below 1 sharpens, above 1 flattens.
+        top_k: keep the ``k`` largest logits per row (ties at the k-th value all kept); None
+            = all.
+        top_p: keep the nucleus of mass ``p`` (:func:`top_p_keep`); None = all.
+
+    Returns:
+        ``(B, V)`` float logits.
+
+    Raises:
+        ValueError: ``temperature <= 0``, ``top_k < 1``, ``top_p`` outside ``(0, 1]``.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 here (0 means greedy), got {temperature!r}")
+    out = logits.float() / temperature  # (B, V)
+    if top_k is not None:
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+            raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+        kth = out.topk(min(top_k, out.shape[-1]), dim=-1).values[:, -1:]  # (B, 1)
+        out = out.masked_fill(out < kth, float("-inf"))
+    if top_p is not None:
+        keep = top_p_keep(out.softmax(-1), top_p)  # (B, V)
+        out = out.masked_fill(~keep, float("-inf"))
+    return out
+
+
+class Sampler:
+    """Draws tokens with one seeded generator per row.
+
+    Args:
+        batch: ``B`` rows.
+        seed: an int (row ``b`` is seeded ``seed + b``), ``B`` ints (one per row), or None (a
+            seed drawn from torch's global generator, so ``torch.manual_seed`` still makes a
+            run reproducible).
+        temperature, top_k, top_p: as :func:`filter_logits`.
+        device: where the generators live.
+
+    Raises:
+        ValueError: a seed list of the wrong length, bad sampling parameters.
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        *,
+        seed: int | Sequence[int] | None = None,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, ()))
+        if isinstance(seed, int) and not isinstance(seed, bool):
+            seeds = [seed + b for b in range(batch)]
+        else:
+            seeds = list(seed)
+            if len(seeds) != batch or not all(isinstance(s, int) for s in seeds):
+                raise ValueError(f"seed must be an int or {batch} ints (one per row), got {seed!r}")
+        filter_logits(torch.zeros(1, 2), temperature=temperature, top_k=top_k, top_p=top_p)
+        self.options = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        self.generators = [torch.Generator(device).manual_seed(s) for s in seeds]
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        """One token per row of ``logits (B, V)``; returns ``(B,)`` long."""
+        probs = filter_logits(logits, **self.options).softmax(-1).double()  # (B, V)
+        cdf = probs.cumsum(-1)  # (B, V)
+        u = torch.stack([
+            torch.rand((), generator=g, device=cdf.device, dtype=torch.float64)
+            for g in self.generators
+        ])  # (B,)
+        # The first index whose cumulative mass exceeds u * total: a token of probability 0
+        # adds nothing to the cumulative mass, so it can never be the first to exceed it.
+        target = (u * cdf[:, -1])[:, None]  # (B, 1)
+        tokens = torch.searchsorted(cdf, target, right=True)[:, 0]  # (B,)
+        # Rounding could put u * total past the end: fall back to the last possible token.
+        last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)  # (B,)
+        return torch.minimum(tokens, last)
+
+    def select(self, rows: Tensor) -> None:
+        """Keep the generators of rows ``rows`` (after a session's ``select``)."""
+        self.generators = [self.generators[i] for i in rows.tolist()]

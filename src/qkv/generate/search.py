@@ -1,0 +1,196 @@
+"""Token-by-token decoding: greedy search, sampling, and a streaming iterator.
+
+Every method runs the same loop over a :mod:`~qkv.generate.session`: the prompt (or the
+encoder and BOS) once, then one new token per step with the KV cache. A row stops at EOS
+(which is kept in its output) or after ``max_new_tokens``; a finished row is filled with
+``pad_id`` while the others go on, and the loop ends when every row has finished.
+
+Outputs hold the *new* tokens only, ``(B, L)`` with ``L <= max_new_tokens``;
+:func:`strip` turns them into lists without EOS and padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from qkv.generate.sampling import Sampler
+from qkv.generate.session import Inputs, make_session, model_device, special_id
+
+__all__ = ["greedy", "sample", "stream", "strip"]
+
+
+def _steps(
+    session, choose: Callable[[Tensor], Tensor], max_new_tokens: int, eos_id: int | None,
+    fill: int,
+) -> Iterator[Tensor]:  # fmt: skip
+    """Yield the ``(B,)`` tokens of each step until every row has ended."""
+    # 1) the prompt (or encoder + BOS) gives the first logits
+    logits = session.first()  # (B, V)
+    finished = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)  # (B,)
+    for t in range(max_new_tokens):
+        # 2) choose a token per row; rows that already ended get padding
+        tokens = choose(logits).masked_fill(finished, fill)  # (B,)
+        yield tokens
+        # 3) a row ends at EOS; stop when all have, or at the length limit
+        if eos_id is not None:
+            finished |= tokens == eos_id
+        if bool(finished.all()) or t == max_new_tokens - 1:
+            return
+        # 4) one cached forward step for the chosen tokens
+        logits = session.next(tokens)  # (B, V)
+
+
+def _ids(model: nn.Module, eos_id: int | None, pad_id: int | None, bos_id: int | None = None):
+    eos = special_id(model, "eos_id", eos_id)
+    pad = special_id(model, "pad_id", pad_id)
+    bos = special_id(model, "bos_id", bos_id)
+    fill = pad if pad is not None else (eos if eos is not None else 0)
+    return eos, pad, bos, fill
+
+
+@torch.no_grad()
+def greedy(
+    model: nn.Module,
+    inputs: Inputs,
+    *,
+    max_new_tokens: int = 32,
+    eos_id: int | None = None,
+    pad_id: int | None = None,
+    bos_id: int | None = None,
+) -> Tensor:
+    """Greedy decoding: the most probable token at every step.
+
+    Args:
+        model: a decoder-only LM (e.g. :class:`qkv.models.DecoderLM`) or an encoder-decoder
+            model (e.g. :class:`qkv.models.Seq2SeqTransformer`).
+        inputs: decoder-only: ``B`` prompts (lists of ids, any lengths >= 1) or a ``(B, P)``
+            tensor; encoder-decoder: ``B`` sources (lists of ids, usually ending in EOS) or a
+            ``(B, S)`` tensor right-padded with ``pad_id``.
+        max_new_tokens: the most tokens generated per row.
+        eos_id, pad_id, bos_id: special ids; default the model config's (``bos_id`` starts
+            an encoder-decoder's output; without ``eos_id`` rows run to the limit).
+
+    Returns:
+        ``(B, L)`` long: the new tokens, EOS included, ``pad_id`` after it.
+
+    Raises:
+        TypeError: a model of neither kind.
+        ValueError: malformed inputs, ids outside the vocabulary, a length past ``max_len``.
+    """
+    eos, pad, bos, fill = _ids(model, eos_id, pad_id, bos_id)
+    session = make_session(model, inputs, max_new_tokens, pad_id=pad, bos_id=bos)
+    steps = _steps(session, lambda logits: logits.argmax(-1), max_new_tokens, eos, fill)
+    return torch.stack(list(steps), dim=1)  # (B, L)
+
+
+@torch.no_grad()
+def sample(
+    model: nn.Module,
+    inputs: Inputs,
+    *,
+    max_new_tokens: int = 32,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | Sequence[int] | None = None,
+    eos_id: int | None = None,
+    pad_id: int | None = None,
+    bos_id: int | None = None,
+) -> Tensor:
+    """Sampling with temperature, top-k and top-p (nucleus); ``temperature=0`` is greedy.
+
+    Args:
+        model, inputs, max_new_tokens, eos_id, pad_id, bos_id: as :func:`greedy`.
+        temperature: >= 0; 0 = greedy, below 1 sharper, above 1 flatter.
+        top_k: sample among the ``k`` most probable tokens only; None = all.
+        top_p: sample within the nucleus of probability mass ``p``; None = all.
+        seed: an int (row ``b`` uses ``seed + b``, so a row samples the same alone or in a
+            batch), one int per row, or None (drawn from torch's global generator).
+
+    Returns:
+        ``(B, L)`` long, as :func:`greedy`.
+
+    Raises:
+        ValueError: as :func:`greedy`, and ``temperature < 0``, ``top_k < 1``, ``top_p``
+            outside ``(0, 1]``, a seed list of the wrong length.
+    """
+    if not isinstance(temperature, int | float) or temperature < 0:
+        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+    if temperature == 0:
+        return greedy(model, inputs, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                      pad_id=pad_id, bos_id=bos_id)  # fmt: skip
+    eos, pad, bos, fill = _ids(model, eos_id, pad_id, bos_id)
+    session = make_session(model, inputs, max_new_tokens, pad_id=pad, bos_id=bos)
+    device = model_device(model)
+    sampler = Sampler(session.batch, seed=seed, temperature=temperature, top_k=top_k,
+                      top_p=top_p, device=device)  # fmt: skip
+    return torch.stack(list(_steps(session, sampler, max_new_tokens, eos, fill)), dim=1)
+
+
+def stream(
+    model: nn.Module,
+    prompt: Sequence[int],
+    *,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    eos_id: int | None = None,
+    bos_id: int | None = None,
+) -> Iterator[int]:
+    """Generate for one prompt, yielding each new token id as soon as it is chosen.
+
+    The same tokens as :func:`greedy` (``temperature=0``) or :func:`sample` with the same
+    seed; EOS ends the stream and is not yielded.
+
+    Args:
+        model: a decoder-only LM (an encoder-decoder model works too, ``prompt`` being the
+            source).
+        prompt: the token ids.
+        max_new_tokens, temperature, top_k, top_p, eos_id, bos_id: as :func:`sample`.
+        seed: an int or None.
+
+    Returns:
+        an iterator of ints (computed lazily: each ``next`` runs one model step).
+
+    Raises:
+        ValueError: as :func:`sample` (raised at the first ``next``).
+    """
+    if not isinstance(temperature, int | float) or temperature < 0:
+        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+    with torch.no_grad():
+        eos, pad, bos, fill = _ids(model, eos_id, None, bos_id)
+        session = make_session(model, [list(prompt)], max_new_tokens, pad_id=pad, bos_id=bos)
+        if temperature == 0:
+            choose: Callable[[Tensor], Tensor] = lambda logits: logits.argmax(-1)  # noqa: E731
+        else:
+            device = model_device(model)
+            choose = Sampler(1, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
+                             device=device)  # fmt: skip
+        steps = _steps(session, choose, max_new_tokens, eos, fill)
+    while True:
+        with torch.no_grad():
+            tokens = next(steps, None)
+        if tokens is None or (eos is not None and int(tokens[0]) == eos):
+            return
+        yield int(tokens[0])
+
+
+def strip(tokens: Tensor, eos_id: int | None) -> list[list[int]]:
+    """Rows of ``tokens (B, L)`` as lists, each cut before its first ``eos_id``.
+
+    Raises:
+        ValueError: ``tokens`` not 2-D.
+    """
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must be (B, L), got shape {tuple(tokens.shape)}")
+    rows = []
+    for row in tokens.tolist():
+        if eos_id is not None and eos_id in row:
+            row = row[: row.index(eos_id)]
+        rows.append(row)
+    return rows

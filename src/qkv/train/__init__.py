@@ -1,0 +1,68 @@
+"""Training: the loop, schedules, label-smoothed loss, metrics, checkpoints and resume.
+
+* :func:`train_seq2seq` / :func:`evaluate_seq2seq`: encoder-decoder models on string pairs
+  (a :class:`~qkv.data.Task` or a list), with loss, perplexity, token accuracy, exact match,
+  BLEU and chrF.
+* :func:`train_lm` / :func:`evaluate_lm`: decoder-only models on a token stream.
+* :func:`fit`: the loop itself, for any :class:`Job` (model, batches, loss, evaluation).
+* :class:`TrainConfig`: every setting, frozen and validated, loadable from TOML.
+* :func:`save_checkpoint` / :func:`load_checkpoint`: safetensors + JSON folders, written
+  atomically, loaded without pickle; a run keeps ``<run_dir>/last`` (resumable) and
+  ``<run_dir>/best``, appends to ``<run_dir>/metrics.jsonl`` and draws ``loss.png``.
+
+Example::
+
+    from qkv.data import CharTokenizer, make_task
+    from qkv.models import Seq2SeqConfig, Seq2SeqTransformer
+    from qkv.train import TrainConfig, train_seq2seq
+
+    task = make_task("copy", n_train=2000, max_len=6)
+    tok = CharTokenizer.fit(task.texts())
+    model = Seq2SeqTransformer(Seq2SeqConfig(tok.vocab_size, tok.vocab_size, d_model=64))
+    result = train_seq2seq(model, task, tok, tok, TrainConfig(steps=300, run_dir="runs/copy"))
+"""
+
+from qkv.train.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from qkv.train.config import METRIC_MODES, SCHEDULES, TrainConfig
+from qkv.train.lm import LM_METRICS, evaluate_lm, train_lm
+from qkv.train.loop import Callback, Job, TrainResult, fit, seed_everything
+from qkv.train.losses import LossParts, token_loss
+from qkv.train.metrics import bleu, chrf, exact_match, perplexity, token_accuracy
+from qkv.train.progress import MetricsLog, ProgressBar, plot_loss_curve
+from qkv.train.schedules import lr_at, make_optimizer, paper_peak_lr, parameter_groups
+from qkv.train.seq2seq import SEQ2SEQ_METRICS, evaluate_seq2seq, train_seq2seq
+
+__all__ = [
+    "LM_METRICS",
+    "METRIC_MODES",
+    "SCHEDULES",
+    "SEQ2SEQ_METRICS",
+    "Callback",
+    "Checkpoint",
+    "CheckpointError",
+    "Job",
+    "LossParts",
+    "MetricsLog",
+    "ProgressBar",
+    "TrainConfig",
+    "TrainResult",
+    "bleu",
+    "chrf",
+    "evaluate_lm",
+    "evaluate_seq2seq",
+    "exact_match",
+    "fit",
+    "load_checkpoint",
+    "lr_at",
+    "make_optimizer",
+    "paper_peak_lr",
+    "parameter_groups",
+    "perplexity",
+    "plot_loss_curve",
+    "save_checkpoint",
+    "seed_everything",
+    "token_accuracy",
+    "token_loss",
+    "train_lm",
+    "train_seq2seq",
+]

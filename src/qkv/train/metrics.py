@@ -1,0 +1,110 @@
+"""Evaluation metrics: perplexity, token accuracy, exact match, BLEU and chrF.
+
+BLEU and chrF come from ``sacrebleu`` (the reference implementation that papers report,
+``pip install 'qkv[train]'``), imported when first used. Scores are on sacrebleu's 0-100
+scale; exact match and token accuracy are fractions in ``[0, 1]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["bleu", "chrf", "exact_match", "perplexity", "token_accuracy"]
+
+
+def perplexity(nll_sum: float, tokens: int) -> float:
+    """``exp(nll_sum / tokens)``: the perplexity of a mean token negative log-likelihood.
+
+    Returns ``inf`` when the exponent overflows.
+
+    Raises:
+        ValueError: ``tokens < 1`` or a negative / non-finite ``nll_sum``.
+    """
+    if not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"tokens must be a positive int, got {tokens!r}")
+    if not math.isfinite(nll_sum) or nll_sum < 0:
+        raise ValueError(f"nll_sum must be a finite number >= 0, got {nll_sum!r}")
+    try:
+        return math.exp(nll_sum / tokens)
+    except OverflowError:
+        return math.inf
+
+
+def token_accuracy(correct: int, tokens: int) -> float:
+    """``correct / tokens``, the fraction of real target tokens predicted right.
+
+    Raises:
+        ValueError: ``tokens < 1`` or ``correct`` outside ``[0, tokens]``.
+    """
+    if not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"tokens must be a positive int, got {tokens!r}")
+    if not 0 <= correct <= tokens:
+        raise ValueError(f"correct must lie in [0, tokens={tokens}], got {correct!r}")
+    return correct / tokens
+
+
+def _check_pairs(hyps: Sequence[Any], refs: Sequence[Any]) -> None:
+    if isinstance(hyps, str) or isinstance(refs, str):
+        raise TypeError("hyps and refs must be sequences of sequences, got a str")
+    if len(hyps) != len(refs):
+        raise ValueError(f"hyps and refs must have equal lengths, got {len(hyps)} and {len(refs)}")
+    if len(hyps) == 0:
+        raise ValueError("hyps and refs must not be empty")
+
+
+def exact_match(hyps: Sequence[Any], refs: Sequence[Any]) -> float:
+    """Fraction of hypotheses equal to their reference as a whole (strings or id lists).
+
+    Raises:
+        ValueError: different lengths, or empty inputs.
+    """
+    _check_pairs(hyps, refs)
+    return sum(list(h) == list(r) for h, r in zip(hyps, refs, strict=True)) / len(hyps)
+
+
+def _sacrebleu() -> Any:
+    try:
+        import sacrebleu
+    except ImportError:
+        raise ImportError(
+            "BLEU and chrF need the 'sacrebleu' package: pip install 'qkv[train]'"
+        ) from None
+    return sacrebleu
+
+
+def _check_strings(hyps: Sequence[str], refs: Sequence[str]) -> None:
+    _check_pairs(hyps, refs)
+    for name, seq in (("hyps", hyps), ("refs", refs)):
+        bad = [type(s).__name__ for s in seq if not isinstance(s, str)]
+        if bad:
+            raise TypeError(f"{name} must hold strings, got {bad[0]}")
+
+
+def bleu(hyps: Sequence[str], refs: Sequence[str], *, tokenize: str = "13a") -> float:
+    """Corpus BLEU (0-100) of ``hyps`` against one reference each, by sacrebleu.
+
+    Args:
+        hyps: decoded hypotheses.
+        refs: references, ``refs[i]`` for ``hyps[i]``.
+        tokenize: sacrebleu's tokenizer: ``"13a"`` (the WMT default, words) or ``"char"``
+            (characters; meaningful for strings without spaces such as digit strings).
+
+    Raises:
+        ValueError: different lengths, empty inputs; TypeError: non-strings.
+        ImportError: sacrebleu not installed (``pip install 'qkv[train]'``).
+    """
+    _check_strings(hyps, refs)
+    return float(_sacrebleu().corpus_bleu(list(hyps), [list(refs)], tokenize=tokenize).score)
+
+
+def chrf(hyps: Sequence[str], refs: Sequence[str]) -> float:
+    """Corpus chrF (0-100, character n-gram F-score) of ``hyps`` against ``refs``, by sacrebleu.
+
+    Raises:
+        ValueError: different lengths, empty inputs; TypeError: non-strings.
+        ImportError: sacrebleu not installed (``pip install 'qkv[train]'``).
+    """
+    _check_strings(hyps, refs)
+    return float(_sacrebleu().corpus_chrf(list(hyps), [list(refs)]).score)

@@ -1,0 +1,195 @@
+"""Training and evaluating encoder-decoder models on pairs of strings.
+
+:func:`train_seq2seq` turns a :class:`~qkv.data.Task` (or plain pairs) into a
+:class:`~qkv.train.loop.Job`: length-bucketed batches (:func:`~qkv.data.bucket_batches`,
+reshuffled each epoch with seed ``config.seed + epoch``), teacher-forced label-smoothed
+cross-entropy, and :func:`evaluate_seq2seq` on the validation split.
+
+:func:`evaluate_seq2seq` measures two things. Teacher-forced (the model sees the reference
+prefix): loss, perplexity and token accuracy. Free-running (the model decodes on its own,
+greedy or beam search): exact match, BLEU and chrF against the references.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from qkv.data.batching import Seq2SeqBatch, bucket_batches, encode_pairs
+from qkv.data.tasks import Task
+from qkv.data.tokenizers import PAD_ID, Tokenizer
+from qkv.generate import translate
+from qkv.train.config import TrainConfig
+from qkv.train.loop import Callback, Job, TrainResult, fit
+from qkv.train.losses import token_loss
+from qkv.train.metrics import bleu, chrf, exact_match, perplexity
+
+__all__ = ["SEQ2SEQ_METRICS", "evaluate_seq2seq", "train_seq2seq"]
+
+Pairs = Sequence[tuple[str, str]]
+SEQ2SEQ_METRICS = ("loss", "perplexity", "token_accuracy", "exact_match", "bleu", "chrf")
+
+
+def _check_fit(model: nn.Module, src_tok: Tokenizer, tgt_tok: Tokenizer) -> None:
+    """The tokenizers' vocabularies and padding must fit the model's."""
+    config = getattr(model, "config", None)
+    for side, tok in (("src", src_tok), ("tgt", tgt_tok)):
+        size = getattr(config, f"{side}_vocab_size", None)
+        if size is not None and tok.vocab_size > size:
+            raise ValueError(
+                f"{side}_tok has {tok.vocab_size} tokens but the model's {side}_vocab_size is "
+                f"{size}; build the model with {side}_vocab_size={tok.vocab_size}"
+            )
+    pad = getattr(config, "pad_id", PAD_ID)
+    if pad != PAD_ID:
+        raise ValueError(f"the model's pad_id must be {PAD_ID} (the tokenizers'), got {pad!r}")
+
+
+def _as_pairs(name: str, pairs: Any) -> list[tuple[str, str]]:
+    if isinstance(pairs, str) or not isinstance(pairs, Sequence):
+        raise TypeError(f"{name} must be a Task or a list of (source, target) pairs")
+    return list(pairs)
+
+
+def evaluate_seq2seq(
+    model: nn.Module,
+    pairs: Pairs,
+    src_tok: Tokenizer,
+    tgt_tok: Tokenizer,
+    *,
+    batch_size: int = 64,
+    beam: int | None = None,
+    alpha: float = 0.6,
+    bleu_tokenize: str = "auto",
+) -> dict[str, float]:
+    """Teacher-forced and free-running metrics of ``model`` on ``pairs``.
+
+    Args:
+        model: an encoder-decoder model (``forward(src, tgt_in)``, ``encode``, ``decode``).
+        pairs: ``(source, reference)`` strings.
+        src_tok, tgt_tok: the tokenizers.
+        batch_size: pairs per batch.
+        beam: beam size for decoding; None = greedy.
+        alpha: beam search length penalty.
+        bleu_tokenize: sacrebleu tokenizer for BLEU: ``"13a"`` (words, the WMT standard),
+            ``"char"`` (characters), or ``"auto"``: ``"char"`` when no reference contains
+            whitespace (digit strings, dates: one "word" each, where word BLEU says nothing),
+            else ``"13a"``.
+
+    Returns:
+        ``{"loss", "perplexity", "token_accuracy", "exact_match", "bleu", "chrf"}``; loss is
+        the unsmoothed mean negative log-likelihood per target token (EOS included), token
+        accuracy the fraction of target tokens the teacher-forced argmax gets right.
+
+    Raises:
+        ValueError: no pairs, vocabularies larger than the model's, a bad batch size.
+        ImportError: sacrebleu missing (``pip install 'qkv[train]'``).
+    """
+    pairs = _as_pairs("pairs", pairs)
+    if not pairs:
+        raise ValueError("pairs must hold at least one (source, reference) pair, got none")
+    _check_fit(model, src_tok, tgt_tok)
+    was_training = model.training
+    model.eval()
+    try:
+        device = next(iter(model.parameters())).device
+        nll = tokens = correct = 0
+        # 1) teacher forcing: loss and token accuracy given the reference prefix
+        examples = encode_pairs(pairs, src_tok, tgt_tok)
+        with torch.no_grad():
+            for batch in bucket_batches(examples, batch_size=batch_size, shuffle=False):
+                batch = batch.to(device)
+                parts = token_loss(model(batch.src, batch.tgt_in), batch.tgt_out, pad_id=PAD_ID)
+                nll += parts.nll_sum
+                tokens += parts.tokens
+                correct += parts.correct
+        # 2) free running: the model's own decoding against the references
+        hyps = translate(model, [s for s, _ in pairs], src_tok, tgt_tok, batch_size=batch_size,
+                         beam_size=beam, alpha=alpha)  # fmt: skip
+    finally:
+        model.train(was_training)
+    refs = [t for _, t in pairs]
+    if bleu_tokenize == "auto":
+        bleu_tokenize = "13a" if any(any(c.isspace() for c in r) for r in refs) else "char"
+    return {
+        "loss": nll / tokens,
+        "perplexity": perplexity(nll, tokens) if math.isfinite(nll) else math.inf,
+        "token_accuracy": correct / tokens,
+        "exact_match": exact_match(hyps, refs),
+        "bleu": bleu(hyps, refs, tokenize=bleu_tokenize),
+        "chrf": chrf(hyps, refs),
+    }
+
+
+def train_seq2seq(
+    model: nn.Module,
+    data: Task | Pairs,
+    src_tok: Tokenizer,
+    tgt_tok: Tokenizer | None,
+    config: TrainConfig,
+    *,
+    valid: Pairs | None = None,
+    callbacks: Sequence[Callback] | None = None,
+    resume: bool | str | Path | None = None,
+) -> TrainResult:
+    """Train an encoder-decoder model on string pairs.
+
+    Args:
+        model: e.g. :class:`qkv.models.Seq2SeqTransformer` (its vocabularies must hold the
+            tokenizers', and its ``pad_id`` be 0).
+        data: a :class:`~qkv.data.Task` (trains on ``train``, validates on ``valid``) or a
+            list of ``(source, target)`` pairs.
+        src_tok: tokenizer of the sources.
+        tgt_tok: tokenizer of the targets; None = ``src_tok``.
+        config: :class:`TrainConfig` (``batch_size`` or ``batch_tokens``; ``metric`` one of
+            :data:`SEQ2SEQ_METRICS`).
+        valid: validation pairs (default: the task's ``valid`` split; none for plain pairs).
+        callbacks: see :data:`qkv.train.loop.Callback`.
+        resume: see :func:`qkv.train.loop.fit`.
+
+    Returns:
+        a :class:`~qkv.train.loop.TrainResult`; its ``evals`` hold :func:`evaluate_seq2seq`
+        metrics on up to ``config.eval_examples`` validation pairs.
+
+    Raises:
+        ValueError: no training pairs, vocabularies larger than the model's, and as
+            :func:`~qkv.train.loop.fit`.
+    """
+    tgt_tok = src_tok if tgt_tok is None else tgt_tok
+    if isinstance(data, Task):
+        train_pairs = data.pairs("train")
+        valid = data.pairs("valid") if valid is None else valid
+    else:
+        train_pairs = _as_pairs("data", data)
+    if not train_pairs:
+        raise ValueError("the training data holds no pairs")
+    _check_fit(model, src_tok, tgt_tok)
+    valid = _as_pairs("valid", valid)[: config.eval_examples] if valid else None
+    examples = encode_pairs(train_pairs, src_tok, tgt_tok)
+    device = config.device
+    sizes = {"batch_size": config.batch_size, "batch_tokens": config.batch_tokens}
+
+    def epoch_batches(epoch: int) -> list[Seq2SeqBatch]:
+        return bucket_batches(examples, shuffle=True, seed=config.seed + epoch, **sizes)
+
+    def loss(model: nn.Module, batch: Seq2SeqBatch):
+        batch = batch.to(device)
+        logits = model(batch.src, batch.tgt_in)  # (B, T, V)
+        return token_loss(logits, batch.tgt_out, pad_id=PAD_ID,
+                          label_smoothing=config.label_smoothing)  # fmt: skip
+
+    def evaluate() -> dict[str, float]:
+        assert valid is not None
+        return evaluate_seq2seq(model, valid, src_tok, tgt_tok, batch_size=config.batch_size or 64)
+
+    job = Job(
+        model=model, epoch_batches=epoch_batches, batch_tokens=lambda b: b.num_tokens,
+        loss=loss, evaluate=evaluate if valid else None, metrics=SEQ2SEQ_METRICS,
+        tokenizers={"src": src_tok, "tgt": tgt_tok},
+    )  # fmt: skip
+    return fit(job, config, callbacks=callbacks, resume=resume)

@@ -1,0 +1,160 @@
+"""``qkv bench`` and the suite behind it (benchmarks/suite.py, targets.py): tiny sizes only."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import qkv
+from qkv.cli import bench_cmd
+from qkv.cli.app import app
+
+runner = CliRunner(env={"COLUMNS": "200", "TERMINAL_WIDTH": "200", "NO_COLOR": "1"})
+mods = bench_cmd.load_benchmarks()
+suite, targets = mods["suite"], mods["targets"]
+
+TINY = suite.BenchConfig(
+    lengths=(16, 32), dtypes=("float32",), decode_lengths=(48,), alibi_length=16, threads=1,
+    repeats=2, warmup=0, min_repeat_s=0.0, memory=False,
+)
+
+
+@pytest.fixture(scope="module")
+def records():
+    return suite.run_suite(TINY, progress=lambda line: None)
+
+
+def test_suite_times_every_backend_in_every_configuration(records):
+    # 2 lengths x causal or not x (fwd, fwd_bwd) + 1 decode + 2 ALiBi, 4 backends each.
+    assert len(records) == (2 * 2 * 2 + 1 + 2) * 4
+    for r in records:
+        assert r["skipped"] is None, r
+        assert r["time"]["repeats"] == 2 and 0 < r["time"]["min_s"] <= r["time"]["median_s"]
+        assert r["memory"] is None
+    kinds = {(r["kind"], r["mode"]) for r in records}
+    assert kinds == {("attention", "fwd"), ("attention", "fwd_bwd"), ("decode", "fwd"),
+                     ("alibi", "fwd")}
+
+
+def test_suite_forward_errors_are_float32_small(records):
+    for r in records:
+        if r["mode"] == "fwd":
+            assert r["error_vs_fp64"] < 1e-5, f"{r['backend']} {r['kind']} T={r['T']}: " \
+                                             f"{r['error_vs_fp64']:.2e}"
+            assert r["predicted_peak_bytes"] > 0
+        else:
+            assert r["error_vs_fp64"] is None
+
+
+@pytest.mark.parametrize(("causal", "alibi"), [(False, False), (True, False), (False, True),
+                                               (True, True)])
+def test_reference_rows_match_the_math_backend_in_float64(causal, alibi):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 8, generator=g, dtype=torch.float64) for n in (5, 7, 7))
+    slopes = torch.tensor([0.5, 0.25]) if alibi else None
+    rows = torch.tensor([0, 2, 4])
+    got = suite.reference_rows(q, k, v, rows, causal, slopes)
+    want = qkv.scaled_dot_product_attention(q, k, v, is_causal=causal, alibi_slopes=slopes,
+                                            backend="math")[:, :, rows]
+    err = float((got - want).abs().max())
+    assert err < 1e-12, f"reference rows differ from math by {err:.2e}"
+
+
+def test_suite_skips_what_cannot_fit_or_takes_too_long(monkeypatch):
+    monkeypatch.setattr(suite, "available_memory_bytes", lambda: 1024)  # 1 KiB free
+    monkeypatch.setattr(suite, "MATH_BACKWARD_MAX_T", 8)
+    config = dataclasses.replace(TINY, lengths=(16,), decode_lengths=(), alibi_length=0)
+    lines = []
+    recs = suite.run_suite(config, progress=lines.append)
+    math_bwd = [r for r in recs if r["backend"] == "math" and r["mode"] == "fwd_bwd"]
+    assert all("beyond T=8" in r["skipped"] for r in math_bwd)
+    flash_fwd = [r for r in recs if r["backend"] == "flash" and r["mode"] == "fwd"]
+    assert all("of free memory 0.0 GiB" in r["skipped"] for r in flash_fwd)
+    assert all(r["time"] is None for r in recs if r["skipped"])
+    assert any(line.startswith("  skip attention float32 fwd T=16") for line in lines)
+
+
+def test_targets_without_their_lengths_say_no_data(records):
+    checks = targets.check_targets(records, quick=False)
+    by_name = {t.name: t for t in checks}
+    assert by_name["float32 forward: flash vs torch at T >= 1024"].status == "no data"
+    assert by_name["forward+backward at T = 65536 fits (GiB)"].detail == "run with --huge"
+    auto = by_name["auto vs the best other backend (time ratio)"]
+    assert auto.status in ("met", "not met") and auto.value > 0
+
+
+def test_quick_targets_use_the_longest_length_and_say_so(records):
+    checks = {t.name: t for t in targets.check_targets(records, quick=True)}
+    speed = checks["float32 forward: flash vs torch at T >= 1024"]
+    assert speed.indicative and speed.status in ("met", "not met")
+    assert "T=32" in speed.detail and math.isfinite(speed.value)
+
+
+def test_bench_command_writes_json_and_plot(tmp_path):
+    args = ["bench", "--quick", "--no-memory", "--lengths", "16", "--dtypes", "float32",
+            "--decode-lengths", "32", "--threads", "1", "--repeats", "1", "--out",
+            str(tmp_path)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "threads=1 (fixed)" in result.output and "targets" in result.output
+    data = json.loads((tmp_path / "bench-quick.json").read_text())
+    assert data["config"]["threads"] == 1 and data["config"]["lengths"] == [16]
+    assert {t["name"] for t in data["targets"]} >= {"ALiBi forward: flash vs math at T = 4096"}
+    assert (tmp_path / "bench-quick.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--lengths", "16,abc"], "--lengths must be comma-separated ints >= 1, got '16,abc'"),
+        (["--lengths", "0"], "--lengths must be comma-separated ints >= 1, got '0'"),
+        (["--dtypes", "float16"], "--dtypes must be a comma-separated subset of"),
+        (["--threads", "0"], "--threads must be >= 1, got 0"),
+        (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+        (["--max-seconds", "-1"], "--max-seconds must be > 0, got -1.0"),
+    ],
+)
+def test_bench_command_rejects_bad_options(args, message):
+    result = runner.invoke(app, ["bench", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_bench_without_the_benchmarks_folder_is_a_clear_error(monkeypatch, tmp_path):
+    fake = tmp_path / "site-packages" / "qkv" / "__init__.py"
+    monkeypatch.setattr(bench_cmd.qkv, "__file__", str(fake))
+    with pytest.raises(FileNotFoundError, match="not part of an installed wheel"):
+        bench_cmd.find_benchmarks()
+    result = runner.invoke(app, ["bench", "--quick"])
+    assert result.exit_code == 2
+    assert "qkv bench needs the repository's benchmarks/ folder" in result.output
+
+
+def test_huge_runs_flash_in_a_subprocess_and_checks_24_gib(monkeypatch):
+    calls = []
+
+    def fake_probe(backend, **kw):
+        calls.append((backend, kw))
+        return {"peak_extra_bytes": 50 * 2**20, "peak_rss_bytes": 600 * 2**20,
+                "baseline_rss_bytes": 550 * 2**20, "peak_reset": True, "seconds": 120.0}
+
+    monkeypatch.setattr(suite, "probe", fake_probe)
+    config = dataclasses.replace(TINY, lengths=(), decode_lengths=(), alibi_length=0,
+                                 huge=True)
+    (rec,) = suite.run_suite(config, progress=lambda line: None)
+    backend, kw = calls[0]
+    assert backend == "flash" and kw["T"] == kw["S"] == 65536 and kw["backward"]
+    assert rec["time"]["min_s"] == 120.0 and rec["predicted_total_bytes"] < 2**30
+    (check,) = [t for t in targets.check_targets([rec]) if "65536" in t.name]
+    assert check.status == "met" and abs(check.value - 600 / 1024) < 1e-9
+
+    monkeypatch.setattr(suite, "available_memory_bytes", lambda: 2**20)
+    (skipped,) = suite.run_suite(config, progress=lambda line: None)
+    assert "of free memory" in skipped["skipped"] and len(calls) == 1
+    (check,) = [t for t in targets.check_targets([skipped]) if "65536" in t.name]
+    assert check.status == "no data" and "of free memory" in check.detail
