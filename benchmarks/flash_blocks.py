@@ -41,13 +41,19 @@ def main() -> None:
         dtype = getattr(torch, name)
         for T in args.T:
             q, k, v = (torch.randn(1, 8, T, 64, dtype=dtype) for _ in range(3))
-            ref = best_time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=args.causal), args.repeats)
+            def fused(q=q, k=k, v=v):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
+
+            ref = best_time(fused, args.repeats)
             print(f"\n{name} T={T}: torch {ref * 1e3:.1f} ms")
             call = make_call(q, k, v, None, 0.0, args.causal, None, False, False)
             for bq in args.blocks:
                 row = []
                 for bk in args.blocks:
-                    t = best_time(lambda: flash.attend(call, block_q=bq, block_k=bk), args.repeats)
+                    def blockwise(call=call, bq=bq, bk=bk):
+                        return flash.attend(call, block_q=bq, block_k=bk)
+
+                    t = best_time(blockwise, args.repeats)
                     row.append(f"{bk}:{t * 1e3:7.1f} ({ref / t:.2f}x)")
                 print(f"  bq={bq:5d}  " + "  ".join(row))
 

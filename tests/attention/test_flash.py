@@ -79,7 +79,7 @@ def test_structured_masks_match_explicit(backend, name, kwargs, spec):
     g = torch.randn_like(ref)
     got = torch.autograd.grad(out, (q, k, v), g)
     want = torch.autograd.grad(ref, (q, k, v), g)
-    for n, a, b in zip("qkv", got, want):
+    for n, a, b in zip("qkv", got, want, strict=True):
         assert_close(a, b, atol=1e-10, name=f"{name} d{n} [{backend}]")
 
 
@@ -101,7 +101,7 @@ def test_rebuilt_weights_precise_with_large_scores():
     """Scores around 100: lse rounded to float32 alone would put weights ~1e-5 off."""
     q, k, v = inputs(B=1, H=2, Hkv=2, T=16, S=24, D=8, dtype=torch.float32)
     q = q * 12.0
-    out, w = qkv.scaled_dot_product_attention(q, k, v, need_weights=True, backend="flash")
+    _, w = qkv.scaled_dot_product_attention(q, k, v, need_weights=True, backend="flash")
     ref = torch.softmax(q.double() @ k.double().transpose(-2, -1) / math.sqrt(8), -1)
     assert_close(w, ref, atol=2e-6, name="flash weights at large scores")
     assert w.max() <= 1.0 + 1e-7

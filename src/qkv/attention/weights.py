@@ -31,8 +31,7 @@ def rebuild(
     Rows with no visible key (``lse = -inf``) get zero weights.
     """
     q, k = call.query, call.key
-    B, H, T, D = q.shape
-    G = call.groups
+    H, G = call.num_heads, call.groups
     head_idx = torch.arange(H, device=q.device) if heads is None else torch.as_tensor(
         list(heads), device=q.device, dtype=torch.long
     )

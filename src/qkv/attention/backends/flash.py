@@ -192,7 +192,9 @@ def _row_sum(s: Tensor) -> Tensor:
 @torch.no_grad()
 def _forward(q, k, v, mask, alibi, spec: _Spec):
     dtype = q.dtype
-    B, H, T, D, Hkv, S, G, acc, qg, k, v, gmask, galibi, plans = _prepare(q, k, v, mask, alibi, spec)
+    B, H, T, D, Hkv, _, G, acc, qg, k, v, gmask, galibi, plans = _prepare(
+        q, k, v, mask, alibi, spec
+    )
     Dv = v.shape[-1]
     out = torch.empty(B, Hkv, G, T, Dv, dtype=dtype, device=q.device)  # (B, Hkv, G, T, Dv)
     lse = torch.empty(B, Hkv, G, T, 1, dtype=_lse_dtype(dtype), device=q.device)
@@ -232,7 +234,9 @@ def _forward(q, k, v, mask, alibi, spec: _Spec):
 @torch.no_grad()
 def _backward(q, k, v, out, lse, dout, dlse, mask, alibi, spec: _Spec):
     dtypes = (q.dtype, k.dtype, v.dtype)
-    B, H, T, D, Hkv, S, G, acc, qg, k, v, gmask, galibi, plans = _prepare(q, k, v, mask, alibi, spec)
+    B, H, T, D, Hkv, S, G, acc, qg, k, v, gmask, galibi, plans = _prepare(
+        q, k, v, mask, alibi, spec
+    )
     Dv = v.shape[-1]
     dog = dout.to(acc).reshape(B, Hkv, G, T, Dv)  # (B, Hkv, G, T, Dv)
     # D_i = rowsum(dO ∘ O): the softmax Jacobian's correction term, once per query row.
