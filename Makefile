@@ -7,13 +7,21 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean browser
 
 demo: $(VENV)/.stamp-demo
 	$(BIN)/qkv tour
 
-test: $(VENV)/.stamp-test
+test: $(VENV)/.stamp-test browser
 	$(BIN)/python -m pytest -n 2 -q
+
+# The viewer's browser tests drive Debian's chromium headless through selenium (dev extra).
+# Where apt cannot run, those tests skip and say why.
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) \
+	  || echo "could not install chromium/chromium-driver: browser tests will be skipped"; \
+	fi
 
 lint: $(VENV)/.stamp-test
 	$(BIN)/ruff check src tests benchmarks

@@ -12,9 +12,18 @@ Tensors inside attention are ``(B, H, T, D)``. Masks follow SDPA polarity (True 
 unless a function says otherwise; see :mod:`qkv.masks`.
 """
 
+import importlib
+
 from qkv.attention import Explanation, explain, masks, scaled_dot_product_attention
 
 __version__ = "0.1.0"
+
+# Subpackages load on first use (``qkv.nn``, ``qkv.inspect``, ...), so ``import qkv`` stays
+# light and optional extras are only needed by what is used.
+_SUBPACKAGES = (
+    "reference", "attention", "nn", "models", "data", "generate", "train", "pretrained",
+    "inspect",
+)
 
 __all__ = [
     "Explanation",
@@ -22,4 +31,11 @@ __all__ = [
     "explain",
     "masks",
     "scaled_dot_product_attention",
+    *_SUBPACKAGES,
 ]
+
+
+def __getattr__(name: str):
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"qkv.{name}")
+    raise AttributeError(f"module 'qkv' has no attribute {name!r}")

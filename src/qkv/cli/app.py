@@ -18,6 +18,7 @@ from types import ModuleType
 import typer
 
 from qkv.cli import bench_cmd, explain_cmd, inspect_cmd, tour
+from qkv.cli import chat_cmd, embed_cmd, generate_cmd
 
 __all__ = ["COMMANDS", "app"]
 
@@ -26,6 +27,9 @@ COMMANDS: tuple[ModuleType, ...] = (
     tour,
     explain_cmd,
     inspect_cmd,
+    generate_cmd,
+    chat_cmd,
+    embed_cmd,
     bench_cmd,
 )
 

@@ -202,26 +202,31 @@ def _forward(q, k, v, mask, alibi, spec: _Spec):
         i0, i1 = row.i0, row.i1
         bq = i1 - i0
         qs = qg[:, :, :, i0:i1].reshape(B, Hkv, G * bq, D)  # (B, Hkv, G·bq, D)
+        # Rows of a query block that no tile reaches (all keys hidden) keep these values.
         m = torch.full((B, Hkv, G, bq, 1), float("-inf"), dtype=acc, device=q.device)
         l = torch.zeros(B, Hkv, G, bq, 1, dtype=acc, device=q.device)
         o = torch.zeros(B, Hkv, G, bq, Dv, dtype=acc, device=q.device)
-        for plan in row.tiles:
+        for t, plan in enumerate(row.tiles):
             j0, j1 = plan.j0, plan.j1
             kt, vt = _kv(k, v, j0, j1, acc)
             s = _tile_scores(qs, kt, plan, gmask, galibi, (B, Hkv, G, bq, j1 - j0), spec, acc)
-            # 1) New running maximum; rows still all -inf keep 0 so exp gives exact zeros.
-            m_new = torch.maximum(m, _row_max(s))
-            m_safe = m_new.masked_fill(torch.isneginf(m_new), 0.0)
+            # 1) New running maximum; rows still all -inf use 0 so exp gives exact zeros.
+            m_new = _row_max(s) if t == 0 else torch.maximum(m, _row_max(s))
+            m_safe = torch.nan_to_num(m_new, neginf=0.0)
             # 2) Unnormalised probabilities of this tile, in place over the scores.
             p = s.sub_(m_safe).exp_()  # (B, Hkv, G, bq, bk)
-            # 3) Rescale what was accumulated under the old maximum, then add this tile.
-            alpha = torch.exp(m - m_safe)  # (B, Hkv, G, bq, 1)
-            l.mul_(alpha).add_(_row_sum(p))
+            l_tile = _row_sum(p)  # (B, Hkv, G, bq, 1)
             if spec.dropout_p > 0.0:
                 keep = _dropout_keep(spec, qi, plan.index, p.shape, p.device)
                 p = p * keep / (1.0 - spec.dropout_p)
-            pv = p.view(B, Hkv, G * bq, j1 - j0) @ vt  # (B, Hkv, G·bq, Dv)
-            o.mul_(alpha).add_(pv.view(B, Hkv, G, bq, Dv))
+            pv = (p.view(B, Hkv, G * bq, j1 - j0) @ vt).view(B, Hkv, G, bq, Dv)
+            # 3) Rescale what was accumulated under the old maximum, then add this tile.
+            if t == 0:
+                l, o = l_tile, pv
+            else:
+                alpha = torch.exp(m - m_safe)  # (B, Hkv, G, bq, 1)
+                l = torch.addcmul(l_tile, l, alpha)
+                o = torch.addcmul(pv, o, alpha)
             m = m_new
         # 4) Normalise; rows that saw no key have l = 0 and stay zero.
         out[:, :, :, i0:i1] = (o / l.masked_fill(l == 0, 1.0)).to(dtype)

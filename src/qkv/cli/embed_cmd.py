@@ -1,0 +1,83 @@
+"""``qkv embed``: sentence embeddings of a few texts and the table of their cosine similarities.
+
+The numbers are :func:`qkv.pretrained.embed`'s (all-MiniLM-L6-v2 by default: mean-pooled,
+L2-normalised, the same as sentence-transformers); :func:`print_table` only formats them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Column, Table
+from torch import Tensor
+
+from qkv.cli.generate_cmd import fail
+
+__all__ = ["command", "print_table", "short"]
+
+NAME = "embed"
+LABEL_CHARS = 40  # texts longer than this are cut in the table's row labels
+
+
+def short(text: str, limit: int = LABEL_CHARS) -> str:
+    """``text`` on one line, cut to ``limit`` characters with an ellipsis."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def print_table(texts: list[str], embeddings: Tensor, cosine: Tensor, console: Console) -> None:
+    """Print the ``(N, N)`` ``cosine`` table of ``texts``, 4 decimals, with the closest pair.
+
+    Args:
+        texts: ``N`` strings (row labels, numbered; columns are the numbers).
+        embeddings: ``(N, E)``; only its shape is shown.
+        cosine: ``(N, N)``.
+        console: where to print.
+    """
+    N, E = embeddings.shape
+    console.print(f"{N} text{'s' * (N != 1)} -> embeddings ({N}, {E}), L2-normalised; "
+                  "cosine similarity:")  # fmt: skip
+    table = Table(
+        Column("text", overflow="fold"),
+        *(Column(str(j + 1), justify="right") for j in range(N)),
+        header_style="bold",
+    )
+    for i, text in enumerate(texts):
+        table.add_row(escape(f"{i + 1} {short(text)}"), *(f"{float(c):.4f}" for c in cosine[i]))
+    console.print(table)
+    if N > 1:
+        # 1) the most similar pair of different texts: mask the diagonal out
+        off = cosine.clone().fill_diagonal_(float("-inf"))  # (N, N)
+        i, j = divmod(int(off.argmax()), N)
+        console.print(f"most similar: {i + 1} and {j + 1} ({float(cosine[i, j]):.4f})")
+
+
+def command(
+    texts: Annotated[list[str], typer.Argument(help="The texts to embed (one or more).")],
+    model: Annotated[str, typer.Option(
+        "--model", "-m", help="A sentence encoder: packaged name or Hugging Face-format folder.",
+    )] = "all-MiniLM-L6-v2",
+    batch_size: Annotated[int, typer.Option(
+        "--batch-size", min=1, help="Texts per forward pass.",
+    )] = 32,
+) -> None:
+    """Embed texts with a sentence encoder and print their cosine-similarity table.
+
+    [bold]Example:[/bold] qkv embed "A cat sits on the mat." "A kitten rests on a rug."
+    "Stock prices fell."
+    """
+    from qkv import pretrained
+
+    console = Console(highlight=False)
+    status = Console(stderr=True, highlight=False)
+    try:
+        with status.status(f"loading {model} ..."):
+            bundle = pretrained.load(model)
+        with status.status(f"embedding {len(texts)} texts ..."):
+            embeddings, cosine = pretrained.embed(texts, bundle, batch_size=batch_size)
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as err:
+        raise fail(err) from None
+    print_table(list(texts), embeddings, cosine, console)

@@ -1,0 +1,297 @@
+"""``qkv generate``: text from a checkpoint ``qkv train`` wrote, or from a pretrained model.
+
+Two kinds of source, one rule to tell them apart (:func:`resolve_source`):
+
+* a **qkv checkpoint** folder (``config.json`` with ``"format": "qkv.checkpoint"``), or a run
+  folder holding ``best/`` or ``last/``: a :class:`~qkv.models.DecoderLM` continues the prompt
+  (:func:`qkv.generate.complete`), a :class:`~qkv.models.Seq2SeqTransformer` translates it
+  (:func:`qkv.generate.translate`), with greedy search, sampling or beam search;
+* anything else goes to :func:`qkv.pretrained.load` (a packaged name such as
+  ``SmolLM2-135M-Instruct``, a Hugging Face-format folder, a ``.gguf`` file): a language model
+  answers the prompt through its chat template when it has one (``--no-chat``: continue the
+  text as is).
+
+:func:`generate_from_checkpoint` and :func:`generate_from_bundle` do the work and return
+strings, so tests compare them with the library without parsing output; :func:`command` only
+parses, shows a spinner while loading and decoding, and prints the generated text (the new
+text only, one block per prompt) on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+__all__ = [
+    "Source",
+    "command",
+    "decoding_options",
+    "fail",
+    "generate_from_bundle",
+    "generate_from_checkpoint",
+    "resolve_source",
+]
+
+NAME = "generate"
+DECODER_DEFAULT_TOKENS = 64  # --max-new-tokens for language models when not given
+
+
+def fail(message: object) -> typer.Exit:
+    """Print ``error: message`` as one line on stderr; return the exit (status 2) to raise."""
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
+        f"[red]error:[/red] {escape(str(message))}", markup=True
+    )
+    return typer.Exit(2)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the model comes from: ``kind`` is ``"checkpoint"`` (a folder) or ``"pretrained"``
+    (the string :func:`qkv.pretrained.load` is given); ``note`` says what was chosen, or ""."""
+
+    kind: str
+    location: str
+    note: str = ""
+
+
+def _is_qkv_checkpoint(folder: Path) -> bool:
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("format") == "qkv.checkpoint"
+
+
+def resolve_source(checkpoint: str | None, model: str | None) -> Source:
+    """Decide what to load from the positional ``CHECKPOINT`` and ``--model``.
+
+    A qkv checkpoint folder (or a run folder with ``best/`` or ``last/``, best first) is read as
+    a checkpoint whichever way it is given; any other existing path, or any ``--model``, goes
+    to :func:`qkv.pretrained.load`. A positional name that is not a path but a packaged model
+    name is accepted too.
+
+    Raises:
+        ValueError: both or neither given; a positional path that does not exist and is not a
+            packaged name (the message lists the known names).
+    """
+    from qkv.pretrained import known_names
+
+    if (checkpoint is None) == (model is None):
+        raise ValueError(
+            "give exactly one model: a CHECKPOINT folder or --model NAME_OR_PATH, got "
+            f"{'both' if checkpoint else 'neither'}"
+        )
+    given = checkpoint if checkpoint is not None else model
+    assert given is not None
+    path = Path(given).expanduser()
+    if path.is_dir():
+        if _is_qkv_checkpoint(path):
+            return Source("checkpoint", str(path))
+        for sub in ("best", "last"):
+            if _is_qkv_checkpoint(path / sub):
+                return Source("checkpoint", str(path / sub), f"using {path / sub}")
+    if checkpoint is not None and not path.exists():
+        known = {n.lower() for n in known_names()}
+        if checkpoint.strip().lower() not in known:
+            raise ValueError(
+                f"no checkpoint at {checkpoint!r}: no such file or folder (a qkv checkpoint "
+                f"is the folder `qkv train` writes); for a pretrained model use --model NAME, "
+                f"known names: {known_names()}"
+            )
+    return Source("pretrained", given)
+
+
+def decoding_options(
+    temperature: float, top_k: int | None, top_p: float | None, seed: int | None,
+    beam: int | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The keyword arguments of :func:`qkv.generate.generate` for these command options.
+
+    Raises:
+        ValueError: ``--beam`` together with ``--temperature > 0`` (search or sample: pick one).
+    """
+    if beam is not None and temperature > 0:
+        raise ValueError(
+            f"--beam {beam} searches and --temperature {temperature} samples: pick one"
+        )
+    options: dict[str, Any] = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    if beam is not None:
+        options = dict(beam_size=beam)
+    return options
+
+
+def generate_from_checkpoint(
+    path: str | Path, prompts: list[str], *, max_new_tokens: int | None = None,
+    add_bos: bool = True, **options: Any,
+) -> list[str]:  # fmt: skip
+    """Decode ``prompts`` with a qkv checkpoint's model and tokenizers.
+
+    Args:
+        path: a checkpoint folder (see :func:`qkv.train.checkpoint.load_checkpoint`).
+        prompts: ``B`` strings: prompts for a DecoderLM, sources for a Seq2SeqTransformer.
+        max_new_tokens: per prompt; None = 64 for a DecoderLM, ``2 * source length + 10`` for
+            a Seq2SeqTransformer (both capped by the model's ``max_len``).
+        add_bos: start a DecoderLM's prompt with BOS (as :func:`qkv.generate.complete`).
+        **options: :func:`decoding_options`' result (temperature, top_k, top_p, seed, or
+            beam_size).
+
+    Returns:
+        ``B`` strings: the new text of each prompt (a translation for a Seq2SeqTransformer).
+
+    Raises:
+        qkv.train.CheckpointError (a ValueError): unreadable checkpoint.
+        ValueError: a model that does not generate text, a missing tokenizer, bad options.
+    """
+    from qkv.generate import complete, translate
+    from qkv.models import DecoderLM, Seq2SeqTransformer
+    from qkv.train.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(path)
+    model, toks = ckpt.model.eval(), ckpt.tokenizers
+    if isinstance(model, Seq2SeqTransformer):
+        if "src" not in toks or "tgt" not in toks:
+            raise ValueError(f"{path}: a Seq2SeqTransformer checkpoint needs tokenizers 'src' "
+                             f"and 'tgt', found {sorted(toks)}")  # fmt: skip
+        return translate(model, prompts, toks["src"], toks["tgt"],
+                         max_new_tokens=max_new_tokens, **options)  # fmt: skip
+    if isinstance(model, DecoderLM):
+        tok = toks.get("text") or (next(iter(toks.values())) if len(toks) == 1 else None)
+        if tok is None:
+            raise ValueError(f"{path}: the checkpoint holds no 'text' tokenizer (found "
+                             f"{sorted(toks)}), so prompts cannot be encoded")  # fmt: skip
+        n = max_new_tokens or min(DECODER_DEFAULT_TOKENS, model.config.max_len)
+        return complete(model, prompts, tok, max_new_tokens=n, add_bos=add_bos, **options)
+    raise ValueError(
+        f"{path}: holds a {type(model).__name__}, which does not generate text; qkv generate "
+        "takes DecoderLM and Seq2SeqTransformer checkpoints"
+    )
+
+
+def generate_from_bundle(
+    bundle: Any, prompts: list[str], *, max_new_tokens: int | None = None,
+    chat: bool | None = None, **options: Any,
+) -> list[str]:  # fmt: skip
+    """Decode ``prompts`` with a language model :func:`qkv.pretrained.load` returned.
+
+    Args:
+        bundle: a :class:`qkv.pretrained.DecoderBundle`.
+        prompts: ``B`` strings, decoded one at a time.
+        max_new_tokens: per prompt; None = 64.
+        chat: True wraps each prompt as one user message of the chat template, False encodes
+            it as is, None = True when the tokenizer has a chat template.
+        **options: :func:`decoding_options`' result; ``beam_size`` runs
+            :func:`qkv.generate.beam_search` on the bundle's model.
+
+    Returns:
+        ``B`` strings, special tokens removed (equal to ``bundle.generate(...)`` without beam).
+
+    Raises:
+        ValueError: a sentence encoder; ``chat=True`` without a chat template; bad options.
+    """
+    from qkv.generate import generate, strip
+    from qkv.pretrained import DecoderBundle
+
+    if not isinstance(bundle, DecoderBundle):
+        raise ValueError(f"{bundle.name!r} is a sentence encoder, not a language model; "
+                         "try: qkv embed --model ...")  # fmt: skip
+    has_template = bool(getattr(bundle.tokenizer, "chat_template", None))
+    if chat and not has_template:
+        raise ValueError(f"{bundle.name!r} has no chat template; use --no-chat")
+    use_chat = has_template if chat is None else chat
+    n = max_new_tokens or DECODER_DEFAULT_TOKENS
+    beam = options.pop("beam_size", None)
+    out = []
+    for prompt in prompts:
+        inputs: Any = [{"role": "user", "content": prompt}] if use_chat else prompt
+        if beam is None:
+            out.append(bundle.generate(inputs, n, **options))
+            continue
+        ids = bundle.prompt_ids(inputs)
+        tokens = generate(bundle.model, [ids], max_new_tokens=n, beam_size=beam,
+                          eos_id=bundle.eos_id)  # (1, L)
+        out.append(bundle.tokenizer.decode(strip(tokens, bundle.eos_id)[0],
+                                           skip_special_tokens=True))  # fmt: skip
+    return out
+
+
+def command(
+    checkpoint: Annotated[str | None, typer.Argument(
+        help="A qkv checkpoint folder (or the run folder `qkv train` wrote: best/ or last/ "
+             "inside is used).", show_default=False,
+    )] = None,
+    prompt: Annotated[list[str] | None, typer.Option(
+        "--prompt", "-p", help="Text to continue, answer or translate; repeat for several.",
+        show_default=False,
+    )] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="A pretrained model instead of a checkpoint: a packaged name "
+        "(SmolLM2-135M-Instruct), a Hugging Face-format folder or a .gguf file.",
+        show_default=False,
+    )] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(
+        "--max-new-tokens", "-n", min=1, show_default=False,
+        help="Most tokens generated per prompt \\[default: 64; translation: 2 x source + 10].",
+    )] = None,
+    temperature: Annotated[float, typer.Option(
+        "--temperature", "-t", min=0.0, help="0 = greedy; > 0 samples.",
+    )] = 0.0,
+    top_k: Annotated[int | None, typer.Option(
+        "--top-k", min=1, help="Sample among the k most probable tokens only.",
+    )] = None,
+    top_p: Annotated[float | None, typer.Option(
+        "--top-p", min=0.0, max=1.0, help="Sample within the nucleus of probability mass p.",
+    )] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the sampling.")] = None,
+    beam: Annotated[int | None, typer.Option(
+        "--beam", min=1, help="Beam search with this many beams (instead of greedy/sampling).",
+    )] = None,
+    chat: Annotated[bool | None, typer.Option(
+        "--chat/--no-chat", show_default=False, help="Pretrained models: wrap the prompt in "
+        "the chat template, or continue it as is \\[default: chat if the model has a template].",
+    )] = None,
+    bos: Annotated[bool, typer.Option(
+        "--bos/--no-bos", help="Checkpoints of language models: start the prompt with BOS.",
+    )] = True,
+) -> None:
+    """Generate text from a checkpoint `qkv train` wrote, or from a pretrained model.
+
+    A language model continues the prompt (a chat model answers it through its chat
+    template); a translation model translates it. Greedy by default; --temperature, --top-k,
+    --top-p and --seed sample; --beam searches. Prints the new text of each prompt.
+
+    [bold]Example:[/bold] qkv generate --model SmolLM2-135M-Instruct --prompt "What is attention?"
+
+    [bold]Example:[/bold] qkv generate runs/copy/best --prompt "hello" --beam 4
+    """
+    console = Console(stderr=True, highlight=False)
+    if not prompt:
+        raise fail("give at least one --prompt TEXT")
+    try:
+        source = resolve_source(checkpoint, model)
+        options = decoding_options(temperature, top_k, top_p, seed, beam)
+        if source.note:
+            console.print(source.note, markup=False)
+        if source.kind == "checkpoint":
+            with console.status(f"loading {source.location} and generating ..."):
+                texts = generate_from_checkpoint(source.location, prompt, add_bos=bos,
+                                                 max_new_tokens=max_new_tokens, **options)
+        else:
+            from qkv import pretrained
+
+            with console.status(f"loading {source.location} ..."):
+                bundle = pretrained.load(source.location)
+            with console.status("generating ..."):
+                texts = generate_from_bundle(bundle, prompt, max_new_tokens=max_new_tokens,
+                                             chat=chat, **options)  # fmt: skip
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as err:
+        raise fail(err) from None
+    for i, (p, text) in enumerate(zip(prompt, texts, strict=True)):
+        if len(prompt) > 1:  # several prompts: a header line before each answer
+            print(("\n" if i else "") + f"> {p}")
+        print(text, flush=True)

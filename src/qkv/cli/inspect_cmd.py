@@ -1,0 +1,163 @@
+"""``qkv inspect``: attention pictures, a token's journey and the viewer for one input text.
+
+The model is a qkv checkpoint folder (:func:`qkv.train.checkpoint.load_checkpoint`, any of
+the four model classes) or anything :func:`qkv.pretrained.load` accepts (a packaged name, a
+Hugging Face-format folder, a ``.gguf`` file). The files come from
+:func:`qkv.inspect.write_report`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
+import typer
+from rich.console import Console
+
+__all__ = ["Prepared", "command", "load_model", "prepare_inputs"]
+
+NAME = "inspect"
+
+
+@dataclass
+class Prepared:
+    """A model with its inputs and position labels, ready for :func:`write_report`."""
+
+    model: torch.nn.Module
+    input_ids: torch.Tensor
+    tokens: list[str]
+    target: torch.Tensor | None = None
+    target_tokens: list[str] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _is_qkv_checkpoint(path: Path) -> bool:
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("format") == "qkv.checkpoint"
+
+
+def load_model(name: str) -> tuple[torch.nn.Module, Any, Any]:
+    """``(model in eval mode, source tokenizer, target tokenizer or None)`` for ``name``.
+
+    Raises:
+        ValueError, FileNotFoundError, ImportError: from the loaders (the message says what
+            is missing).
+    """
+    path = Path(name).expanduser()
+    if path.is_dir() and _is_qkv_checkpoint(path):
+        from qkv.train.checkpoint import load_checkpoint
+
+        ck = load_checkpoint(path)
+        toks = ck.tokenizers
+        src = toks.get("src") or toks.get("text") or next(iter(toks.values()), None)
+        return ck.model.eval(), src, toks.get("tgt")
+    from qkv.pretrained import load
+
+    bundle = load(name)
+    return bundle.model.eval(), bundle.tokenizer, None
+
+
+def _encode(tokenizer: Any, text: str, **kw: Any) -> list[int]:
+    try:
+        return list(tokenizer.encode(text, **kw))
+    except TypeError:  # pretrained tokenizers take no add_eos/add_bos
+        return list(tokenizer.encode(text))
+
+
+def _label(tokenizer: Any, i: int) -> str:
+    piece = tokenizer.id_to_token(i) if hasattr(tokenizer, "id_to_token") else None
+    if piece is None:
+        piece = tokenizer.decode([i]) if tokenizer is not None else str(i)
+    return piece if piece.strip() else repr(piece)
+
+
+def prepare_inputs(model: torch.nn.Module, src_tok: Any, tgt_tok: Any, text: str,
+                   target: str | None, max_tokens: int) -> Prepared:  # fmt: skip
+    """Tokenise ``text`` (and ``target``) for ``model``; an encoder-decoder without a target
+    text decodes its own greedy output as the target.
+
+    Raises:
+        ValueError: no tokenizer, an empty text, ``--target`` for a model without a decoder.
+    """
+    if src_tok is None:
+        raise ValueError("the model came without a tokenizer, so text cannot be encoded")
+    seq2seq = hasattr(model, "encoder_blocks") and hasattr(model, "decoder_blocks")
+    if target is not None and not seq2seq:
+        raise ValueError("--target is only for encoder-decoder models (this one has no decoder)")
+    ids = _encode(src_tok, text, add_eos=True) if seq2seq else _encode(src_tok, text)
+    if not ids:
+        raise ValueError(f"the text {text!r} encodes to no tokens")
+    notes = []
+    if len(ids) > max_tokens:
+        notes.append(f"input cut to its first {max_tokens} of {len(ids)} tokens (--max-tokens)")
+        ids = ids[:max_tokens]
+    p = Prepared(model, torch.tensor([ids]), [_label(src_tok, i) for i in ids], notes=notes)
+    if seq2seq:
+        tgt_tok = tgt_tok or src_tok
+        bos = model.config.bos_id
+        if target is None:
+            from qkv.generate import greedy, strip
+
+            out = greedy(model, p.input_ids, max_new_tokens=min(2 * len(ids) + 10, 128))
+            tgt = strip(out, model.config.eos_id)[0]
+            p.notes.append(f"target: the model's own greedy output {tgt_tok.decode(tgt)!r}")
+        else:
+            tgt = _encode(tgt_tok, target)
+        row = [bos, *tgt][:max_tokens]
+        p.target = torch.tensor([row])
+        p.target_tokens = ["<bos>"] + [_label(tgt_tok, i) for i in row[1:]]
+    return p
+
+
+def command(
+    model: Annotated[str, typer.Argument(
+        help="A qkv checkpoint folder, or a model qkv.pretrained.load knows (packaged name, "
+             "Hugging Face-format folder, .gguf file).", metavar="CHECKPOINT_OR_MODEL_NAME",
+    )],
+    text: Annotated[str, typer.Argument(help="The input text.")],
+    target: Annotated[str | None, typer.Option(
+        "--target", help="Target text for an encoder-decoder (default: its greedy output).",
+    )] = None,
+    out: Annotated[Path, typer.Option("--out", help="Folder for the PNGs, trace and viewer.")] = (
+        Path("qkv-inspect")
+    ),
+    max_tokens: Annotated[int, typer.Option(
+        "--max-tokens", help="Use at most this many tokens of the text.", min=1,
+    )] = 512,
+) -> None:
+    """Draw a model's attention for one text: PNGs, the last token's journey, the viewer.
+
+    Writes into --out: a layers × heads grid per attention kind, heatmaps of single heads,
+    the rollout, an encoder-decoder's alignment, masks, positions, trace.txt/trace.json and
+    viewer.html (one offline file: open it in a browser).
+
+    [bold]Example:[/bold] qkv inspect all-MiniLM-L6-v2 "The cat sat on the mat." --out inspect
+    """
+    from qkv.inspect import write_report
+
+    console = Console(highlight=False, soft_wrap=True)  # paths are never broken across lines
+    try:
+        with console.status(f"loading {model} ..."):
+            net, src_tok, tgt_tok = load_model(model)
+        with console.status("running the model and drawing ..."):
+            p = prepare_inputs(net, src_tok, tgt_tok, text, target, max_tokens)
+            files = write_report(
+                p.model, p.input_ids, out, tokens=p.tokens, target=p.target,
+                target_tokens=p.target_tokens, title=f"{model}: {text[:60]}",
+            )
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(code=2) from None
+    for note in p.notes:
+        console.print(f"note: {note}")
+    console.print(f"{len(p.tokens)} tokens: {' '.join(p.tokens[:24])}" +
+                  (" ..." if len(p.tokens) > 24 else ""))  # fmt: skip
+    for what, path in files.items():
+        console.print(f"  {what:<34} {path}")
+    console.print(f"[bold]viewer:[/bold] {files['viewer']} (open it in a browser; no network)")

@@ -1,0 +1,272 @@
+"""Pictures of captured attention, written as PNG files (matplotlib, headless).
+
+* :func:`plot_head`: one head's ``(T, S)`` weights as a heatmap with token labels.
+* :func:`plot_grid`: every captured layer × head as small heatmaps.
+* :func:`plot_alignment`: an encoder-decoder's cross-attention (target × source), heads averaged.
+* :func:`rollout` / :func:`plot_rollout`: attention rollout (Abnar & Zuidema, 2020),
+  ``R = Π_l normalise(0.5·W̄_l + 0.5·I)`` with ``W̄_l`` the head-averaged weights of layer ``l``.
+
+Figures are drawn on matplotlib's Agg canvas without ``pyplot``, so nothing global changes and
+no display is needed. Every PNG is exactly ``figsize × dpi`` pixels. Long inputs are shrunk to
+at most ``max_cells`` rows and columns by exact block means (:mod:`qkv.inspect.pool`) and at
+most ``max_labels`` tick labels are written, so thousands of tokens give a readable picture.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from qkv.inspect.capture import Captured
+from qkv.inspect.pool import bin_edges, pool
+
+__all__ = ["plot_alignment", "plot_grid", "plot_head", "plot_rollout", "rollout"]
+
+CMAP = "viridis"
+
+
+def new_figure(figsize: tuple[float, float], dpi: int):
+    """A matplotlib Figure on an Agg canvas (no pyplot, no display)."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as e:  # pragma: no cover - matplotlib is in the plots extra
+        raise ImportError("plots need matplotlib: pip install 'qkv[plots]'") from e
+    if dpi < 10 or min(figsize) <= 0:
+        raise ValueError(f"figsize must be positive and dpi >= 10, got {figsize}, {dpi}")
+    fig = Figure(figsize=figsize, dpi=dpi)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save(fig, path: str | os.PathLike) -> Path:
+    """Write ``fig`` as PNG at its own size (no tight bounding box: sizes stay predictable)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png", dpi=fig.dpi)
+    return out
+
+
+def tick_labels(labels: Sequence[str] | None, n: int, cells: int, max_labels: int):
+    """Tick positions and texts for ``n`` positions drawn as ``cells`` cells."""
+    edges = bin_edges(n, cells)
+    step = max(1, -(-cells // max_labels))
+    ticks, texts = [], []
+    for c in range(0, cells, step):
+        a, b = edges[c], edges[c + 1]
+        ticks.append(c)
+        if b - a == 1:
+            texts.append(labels[a] if labels is not None else str(a))
+        else:
+            texts.append(f"{a}-{b - 1}")
+    return ticks, texts
+
+
+def draw_matrix(ax, matrix: Tensor, q_labels, k_labels, *, max_cells: int, max_labels: int,
+                vmax: float | None = None, labels: bool = True):  # fmt: skip
+    """Heatmap of ``matrix (T, S)`` on ``ax``, shrunk to ``max_cells``; returns the image."""
+    T, S = matrix.shape
+    small = pool(matrix.detach().double(), max_cells, max_cells)  # (R, C)
+    image = ax.imshow(small.numpy(), cmap=CMAP, aspect="auto", interpolation="nearest",
+                      vmin=0.0, vmax=vmax)  # fmt: skip
+    if labels:
+        yt, ytext = tick_labels(q_labels, T, small.shape[0], max_labels)
+        xt, xtext = tick_labels(k_labels, S, small.shape[1], max_labels)
+        size = max(4.0, min(9.0, 400.0 / max(len(xt), len(yt), 1)))
+        ax.set_yticks(yt, ytext, fontsize=size)
+        ax.set_xticks(xt, xtext, fontsize=size, rotation=90)
+    else:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    return image
+
+
+def head_matrix(source: Any, layer: str | int = 0, head: int = 0, batch: int = 0) -> Tensor:
+    """The ``(T, S)`` weights of one head from a :class:`Captured` (``layer`` by name or
+    index, ``head`` by its number in the model), a ``(B, H, T, S)`` tensor or a ``(T, S)`` one.
+
+    Raises:
+        ValueError: a head that was not captured, a tensor of another rank.
+        KeyError: a layer that was not captured.
+    """
+    if isinstance(source, Captured):
+        w = source[layer]
+        name = layer if isinstance(layer, str) else source.layers[layer]
+        if head not in source.heads[name]:
+            raise ValueError(f"head {head} of {name} was not captured ({source.heads[name]})")
+        return w[batch, source.heads[name].index(head)]
+    if isinstance(source, Tensor) and source.dim() == 4:
+        return source[batch, head]
+    if isinstance(source, Tensor) and source.dim() == 2:
+        return source
+    raise ValueError(
+        f"expected a Captured, a (B, H, T, S) or a (T, S) tensor, got {source!r:.80}"
+    )
+
+
+def plot_head(
+    source: Any,
+    path: str | os.PathLike,
+    *,
+    layer: str | int = 0,
+    head: int = 0,
+    batch: int = 0,
+    q_tokens: Sequence[str] | None = None,
+    k_tokens: Sequence[str] | None = None,
+    title: str | None = None,
+    figsize: tuple[float, float] = (7.0, 6.0),
+    dpi: int = 100,
+    max_cells: int = 256,
+    max_labels: int = 64,
+) -> Path:
+    """Heatmap of one head's weights (queries down, keys across) with token labels.
+
+    Args:
+        source: a :class:`Captured`, or weights ``(B, H, T, S)`` / ``(T, S)``.
+        path: the PNG to write.
+        layer, head, batch: which matrix (see :func:`head_matrix`).
+        q_tokens, k_tokens: labels of queries and keys (default: positions; keys default
+            to the query labels).
+        title: the figure title (default: layer and head).
+        figsize, dpi: the image is ``figsize · dpi`` pixels.
+        max_cells: rows/columns drawn at most (longer inputs are block-averaged).
+        max_labels: tick labels per axis at most.
+
+    Returns:
+        ``path`` as a ``Path``.
+
+    Raises:
+        ValueError, KeyError: see :func:`head_matrix`; bad ``figsize``/``dpi``.
+    """
+    m = head_matrix(source, layer, head, batch)
+    fig = new_figure(figsize, dpi)
+    ax = fig.add_axes((0.18, 0.18, 0.68, 0.74))
+    image = draw_matrix(ax, m, q_tokens, k_tokens if k_tokens is not None else q_tokens,
+                        max_cells=max_cells, max_labels=max_labels)  # fmt: skip
+    fig.colorbar(image, cax=fig.add_axes((0.88, 0.18, 0.03, 0.74)))
+    ax.set_title(title or f"layer {layer}, head {head}", fontsize=10)
+    ax.set_xlabel("key")
+    ax.set_ylabel("query")
+    return save(fig, path)
+
+
+def plot_grid(
+    cap: Captured,
+    path: str | os.PathLike,
+    *,
+    layers: Sequence[str] | None = None,
+    batch: int = 0,
+    cell: float = 1.25,
+    dpi: int = 100,
+    max_cells: int = 64,
+) -> Path:
+    """Layers × heads grid of small heatmaps (each head scaled to its own maximum).
+
+    The figure is ``(heads · cell, layers · cell)`` inches, ``cell`` shrunk so neither side
+    exceeds 24 inches.
+
+    Raises:
+        TypeError: ``cap`` is not a :class:`Captured`.
+        ValueError: no captured layer.
+    """
+    if not isinstance(cap, Captured):
+        raise TypeError(f"cap must be a Captured, got {type(cap).__name__}")
+    names = list(layers) if layers is not None else cap.layers
+    if not names:
+        raise ValueError("nothing was captured: run the model inside `with capture(...)`")
+    cols = max(len(cap.heads[n]) for n in names)
+    cell = min(cell, 24.0 / cols, 24.0 / len(names))
+    fig = new_figure((cols * cell, len(names) * cell), dpi)
+    weights = cap.weights
+    for r, name in enumerate(names):
+        for c, h in enumerate(cap.heads[name]):
+            ax = fig.add_subplot(len(names), cols, r * cols + c + 1)
+            draw_matrix(ax, weights[name][batch, c], None, None, max_cells=max_cells,
+                        max_labels=1, labels=False)  # fmt: skip
+            if c == 0:
+                ax.set_ylabel(name.replace(".self_attn", "").replace("_attn", ""), fontsize=6)
+            if r == 0:
+                ax.set_title(f"head {h}", fontsize=7)
+    fig.subplots_adjust(left=0.08, right=0.99, bottom=0.01, top=0.95, wspace=0.08, hspace=0.12)
+    return save(fig, path)
+
+
+def plot_alignment(
+    cap: Captured,
+    path: str | os.PathLike,
+    *,
+    layer: str | None = None,
+    batch: int = 0,
+    src_tokens: Sequence[str] | None = None,
+    tgt_tokens: Sequence[str] | None = None,
+    figsize: tuple[float, float] = (7.0, 6.0),
+    dpi: int = 100,
+    max_cells: int = 256,
+) -> Path:
+    """Encoder-decoder alignment: a cross-attention layer's weights averaged over heads.
+
+    Args:
+        layer: the cross-attention layer (default: the last captured one).
+
+    Raises:
+        ValueError: no cross-attention layer was captured.
+    """
+    cross = [n for n in cap.layers if cap.kinds.get(n) == "cross"]
+    if not cross:
+        raise ValueError("no cross-attention layer was captured (an encoder-decoder is needed)")
+    name = layer or cross[-1]
+    if name not in cross:
+        raise ValueError(f"{name!r} is not a captured cross-attention layer; those are {cross}")
+    m = cap.weights[name][batch].mean(0)  # (T_tgt, S_src)
+    return plot_head(m, path, q_tokens=tgt_tokens, k_tokens=src_tokens, figsize=figsize,
+                     dpi=dpi, max_cells=max_cells,
+                     title=f"alignment: {name}, mean of {len(cap.heads[name])} heads")  # fmt: skip
+
+
+def rollout(cap: Captured, layers: Sequence[str] | None = None, batch: int = 0) -> Tensor:
+    """Attention rollout ``(T, T)`` through self-attention layers (in order).
+
+    Row ``i`` says how much position ``i``'s output draws on each input position, counting
+    the residual path as half of every layer (Abnar & Zuidema, 2020).
+
+    Raises:
+        ValueError: no square self-attention layers, or layers of different lengths.
+    """
+    names = list(layers) if layers is not None else [
+        n for n in cap.layers if cap.kinds.get(n) != "cross" and n.split(".")[0] == (
+            cap.layers[0].split(".")[0])
+    ]  # fmt: skip
+    mats = [cap.weights[n][batch].double().mean(0) for n in names]  # each (T, S)
+    if not mats or any(m.shape[0] != m.shape[1] or m.shape != mats[0].shape for m in mats):
+        raise ValueError(
+            "rollout needs square self-attention weights (all rows captured) of one length; "
+            f"got {[tuple(m.shape) for m in mats]}"
+        )
+    eye = torch.eye(mats[0].shape[0], dtype=torch.float64)
+    result = eye
+    for m in mats:
+        a = 0.5 * m + 0.5 * eye
+        a = a / a.sum(-1, keepdim=True)
+        result = a @ result  # (T, T)
+    return result
+
+
+def plot_rollout(
+    cap: Captured,
+    path: str | os.PathLike,
+    *,
+    tokens: Sequence[str] | None = None,
+    batch: int = 0,
+    figsize: tuple[float, float] = (7.0, 6.0),
+    dpi: int = 100,
+    max_cells: int = 256,
+) -> Path:
+    """Heatmap of :func:`rollout`. Raises: as :func:`rollout`."""
+    r = rollout(cap, batch=batch)
+    return plot_head(r, path, q_tokens=tokens, figsize=figsize, dpi=dpi, max_cells=max_cells,
+                     title="attention rollout (residual counted as 0.5)")  # fmt: skip

@@ -1,0 +1,102 @@
+"""Everything :mod:`qkv.inspect` draws, for one input, written into one folder.
+
+Used by ``qkv inspect`` and ``qkv demo``: one capture of every layer, then the pictures
+(a layers × heads grid per attention kind, the first and last layer's head 0, the rollout,
+an encoder-decoder's alignment, the masks, the sinusoidal positions when the model uses them),
+the token's-journey trace of the last position (text and JSON) and the viewer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from qkv.inspect.adapters import key_side, query_side, run_model
+from qkv.inspect.capture import capture
+from qkv.inspect.figures import plot_masks, plot_positions
+from qkv.inspect.plots import plot_alignment, plot_grid, plot_head, plot_rollout
+from qkv.inspect.trace import trace
+from qkv.inspect.viewer import view
+from qkv.nn.positions import SinusoidalPositionalEncoding
+
+__all__ = ["write_report"]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+@torch.no_grad()
+def write_report(
+    model: nn.Module,
+    input_ids: Tensor,
+    out: str | os.PathLike,
+    *,
+    tokens: list[str] | None = None,
+    target: Tensor | None = None,
+    target_tokens: list[str] | None = None,
+    title: str | None = None,
+) -> dict[str, Path]:
+    """Capture ``model`` on one input and write the PNGs, the trace and the viewer to ``out``.
+
+    Args:
+        model: a qkv model (in evaluation mode for reproducible pictures).
+        input_ids: ``(1, T)`` ids (the first row is drawn).
+        out: the folder (created).
+        tokens, target_tokens: position labels of the input and of an encoder-decoder's
+            target (default: indices).
+        target: an encoder-decoder's decoder input ``(1, T_tgt)``.
+        title: the viewer's title.
+
+    Returns:
+        ``{what: path}`` of every file written, in the order written.
+
+    Raises:
+        ValueError, TypeError: the errors of :func:`capture`, the plots and the viewer.
+    """
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    with capture(model) as cap:
+        run_model(model, input_ids, target)
+    sides: dict[str, Any] = {"source": tokens, "target": target_tokens}
+    files: dict[str, Path] = {}
+    kinds: dict[str, list[str]] = {}
+    for name in cap.layers:
+        kinds.setdefault(re.sub(r"\.\d+\.", ".*.", name), []).append(name)
+    for pattern, names in kinds.items():
+        slug = _slug(pattern.replace("*", ""))
+        files[f"grid {pattern}"] = plot_grid(cap, folder / f"grid-{slug}.png", layers=names)
+        q = sides[query_side(names[0])]
+        k = sides[key_side(names[0], cap.kinds[names[0]])]
+        for name in dict.fromkeys((names[0], names[-1])):
+            files[f"head {name}"] = plot_head(
+                cap, folder / f"head-{_slug(name)}-h0.png", layer=name, head=cap.heads[name][0],
+                q_tokens=q, k_tokens=k, title=f"{name}, head {cap.heads[name][0]}",
+            )
+    # No rollout without a square self-attention stack (e.g. only a decoder's cached steps).
+    with contextlib.suppress(ValueError):
+        files["rollout"] = plot_rollout(cap, folder / "rollout.png", tokens=tokens)
+    if any(kind == "cross" for kind in cap.kinds.values()):
+        files["alignment"] = plot_alignment(
+            cap, folder / "alignment.png", src_tokens=tokens, tgt_tokens=target_tokens
+        )
+    T = int(input_ids.shape[-1])
+    files["masks"] = plot_masks(folder / "masks.png", length=T, lengths=(T, max(1, T * 2 // 3)))
+    d_model = getattr(getattr(model, "config", None), "d_model", 64)
+    if any(isinstance(m, SinusoidalPositionalEncoding) for m in model.modules()):
+        files["positions"] = plot_positions(folder / "positions.png", max_len=max(T, 64),
+                                            d_model=d_model)  # fmt: skip
+    journey = trace(model, input_ids, -1, target=target, tokens=tokens,
+                    target_tokens=target_tokens)  # fmt: skip
+    (folder / "trace.txt").write_text(journey.table() + "\n", encoding="utf-8")
+    (folder / "trace.json").write_text(journey.to_json() + "\n", encoding="utf-8")
+    files["trace"], files["trace json"] = folder / "trace.txt", folder / "trace.json"
+    files["viewer"] = view(cap, tokens, folder / "viewer.html", target_tokens=target_tokens,
+                           title=title).path  # fmt: skip
+    return files

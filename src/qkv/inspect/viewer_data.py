@@ -1,0 +1,107 @@
+"""The viewer's data: each layer's weights compressed to what the pictures need.
+
+A ``(H', T, S)`` block of weights would be far too big for a web page at thousands of tokens,
+and the pictures never need all of it:
+
+* the head view draws, for each query and head, lines to its ``k`` most-attended keys: the
+  top-``k`` indices (uint16, or uint32 past 65,535 keys) and weights as uint8 codes
+  ``round(255·sqrt(w))`` (decoded ``(code/255)²``: within about ``sqrt(w)/255`` of ``w``; weights
+  down to ~4e-6 keep a non-zero code, which a long input's diffuse attention needs);
+* the model view shows each head as a thumbnail and, on a click, a larger picture: block
+  means (:mod:`qkv.inspect.pool`) at most ``thumb`` and ``detail`` cells a side, as uint8
+  scaled to the head's maximum.
+
+Rows arrive a block at a time (:meth:`LayerSummary.add`), so the full matrix never has to be
+held. Arrays travel as base64 in the page's JSON.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from qkv.inspect.pool import Pooler
+
+__all__ = ["TOPK_BUDGET", "LayerSummary", "choose_top_k"]
+
+# Top-k entries (query × head × k) the whole page may hold: about 3 bytes each, ~12 MB at most.
+TOPK_BUDGET = 4_000_000
+
+
+def _b64(a: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(a).tobytes()).decode("ascii")
+
+
+def choose_top_k(top_k: int, S: int, rows: int) -> int:
+    """Lines per query and head: ``top_k``, but at most ``S`` and within :data:`TOPK_BUDGET`
+    for ``rows`` (query × head pairs on the page)."""
+    return max(1, min(top_k, S, TOPK_BUDGET // max(rows, 1)))
+
+
+class LayerSummary:
+    """Top-k lines and block-mean pictures of one layer's ``(H', T, S)`` weights.
+
+    Args:
+        name: the layer's module name.
+        kind: ``"self"``, ``"causal self"`` or ``"cross"``.
+        heads: the model's head numbers of the ``H'`` rows.
+        T, S: queries and keys.
+        k: lines kept per query and head.
+        thumb, detail: cells a side of the thumbnail and of the detail picture, at most.
+    """
+
+    def __init__(self, name: str, kind: str, heads: list[int], T: int, S: int, *, k: int,
+                 thumb: int = 48, detail: int = 128) -> None:  # fmt: skip
+        self.name, self.kind, self.heads, self.T, self.S = name, kind, list(heads), T, S
+        H = len(self.heads)
+        self.k = max(1, min(k, S)) if S else 0
+        self.idx = np.zeros((H, T, self.k), dtype="<u2" if S <= 65535 else "<u4")
+        self.w = np.zeros((H, T, self.k), dtype=np.uint8)
+        self.thumb = Pooler(T, max(S, 1), thumb, thumb, (H,))
+        self.detail = Pooler(T, max(S, 1), detail, detail, (H,))
+        self.rows_seen = 0
+
+    def add(self, first_row: int, block: Tensor) -> None:
+        """Add query rows ``first_row ..`` given as ``block (H', n, S)``.
+
+        Raises:
+            ValueError: a block of the wrong shape.
+        """
+        H, n, S = block.shape
+        if H != len(self.heads) or S != self.S or first_row + n > self.T:
+            raise ValueError(
+                f"{self.name}: block of shape {tuple(block.shape)} at row {first_row} does not "
+                f"fit ({len(self.heads)}, {self.T}, {self.S})"
+            )
+        self.rows_seen += n
+        if not S or not n:
+            return
+        b = block.detach().float().cpu()
+        vals, idx = torch.topk(b, self.k, dim=-1)  # (H', n, k)
+        rows = slice(first_row, first_row + n)
+        self.idx[:, rows] = idx.numpy().astype(self.idx.dtype)
+        code = torch.round(vals.double().clamp(0, 1).sqrt() * 255)  # (H', n, k)
+        self.w[:, rows] = code.to(torch.uint8).numpy()
+        self.thumb.add(first_row, b)
+        self.detail.add(first_row, b)
+
+    @staticmethod
+    def _picture(p: Pooler) -> dict[str, Any]:
+        m = p.result()  # (H', R, C)
+        top = m.flatten(1).amax(1) if m.numel() else torch.zeros(m.shape[0])  # (H',)
+        scaled = (m / top.clamp(min=1e-30)[:, None, None] * 255).round().clamp(0, 255)
+        return {"r": p.R, "c": p.C, "max": [float(x) for x in top],
+                "data": _b64(scaled.to(torch.uint8).numpy())}  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        """The layer's entry in the page's JSON."""
+        return {
+            "name": self.name, "kind": self.kind, "heads": self.heads, "T": self.T,
+            "S": self.S, "k": self.k, "idxBytes": self.idx.dtype.itemsize,
+            "idx": _b64(self.idx), "w": _b64(self.w),
+            "thumb": self._picture(self.thumb), "detail": self._picture(self.detail),
+        }  # fmt: skip

@@ -1,0 +1,193 @@
+"""The viewer in a real browser: Debian's chromium, headless, driven by selenium.
+
+``make browser`` installs what this needs (``apt-get install -y chromium chromium-driver`` and
+``pip install selenium``); the tests skip, saying so, only where that cannot be installed.
+The browser runs offline (network emulation), with a fresh profile.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from inspect_refs import build
+
+import qkv.inspect as qi
+from qkv.models import DecoderLM, DecoderLMConfig
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+INSTALL = "apt-get install -y chromium chromium-driver && pip install selenium (make browser)"
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    webdriver = pytest.importorskip("selenium.webdriver", reason=f"selenium missing: {INSTALL}")
+    if not (Path(CHROMIUM).exists() and Path(DRIVER).exists()):
+        pytest.skip(f"Debian's chromium/chromedriver not installed: {INSTALL}")
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--window-size=1200,900",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):  # fmt: skip
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    # No network at all: any request the page made would fail and be logged.
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd("Network.emulateNetworkConditions", {
+        "offline": True, "latency": 0, "downloadThroughput": 0, "uploadThroughput": 0})  # fmt: skip
+    yield driver
+    driver.quit()
+
+
+def _errors(driver) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def _canvas(driver, root_id: str, panel: str) -> str:
+    return driver.execute_script(
+        "return document.querySelector(arguments[0]).toDataURL()",
+        f"#{root_id} .{panel} canvas.qkv-lines",
+    )
+
+
+def _attr(driver, root_id: str, panel: str, name: str) -> str:
+    return driver.find_element("css selector", f"#{root_id} .{panel}").get_attribute(name)
+
+
+@pytest.fixture(scope="module")
+def two_viewers(tmp_path_factory):
+    """One page holding two viewers: an encoder-decoder's and a decoder-only model's."""
+    model, run = build("seq2seq")
+    with qi.capture(model) as cap, torch.no_grad():
+        run()
+    a = qi.view(cap, [f"s{i}" for i in range(9)], target_tokens=[f"t{i}" for i in range(7)])
+    lm, lm_run = build("gpt2")
+    with qi.capture(lm) as cap2, torch.no_grad():
+        lm_run()
+    b = qi.view(cap2, [f"w{i}" for i in range(11)])
+    page = a.html().replace("</body>", b.fragment() + "</body>")
+    path = tmp_path_factory.mktemp("viewer") / "two.html"
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def test_opens_offline_without_errors_and_reacts(browser, two_viewers):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.support.ui import Select
+
+    browser.get(two_viewers.as_uri())
+    roots = browser.execute_script(
+        "return [...document.querySelectorAll('.qkv-viewer')].map(r => [r.id, r.dataset.ready])")
+    assert len(roots) == 2 and all(ready == "1" for _, ready in roots), roots
+    (a, _), (b, _) = roots
+    assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0
+    assert _errors(browser) == []
+
+    # Hovering a query token focuses it: other lines go, the drawing changes.
+    before = (_canvas(browser, a, "qkv-head"), _attr(browser, a, "qkv-head", "data-lines"))
+    b_draws = _attr(browser, b, "qkv-head", "data-draws")
+    token = browser.find_elements("css selector", f"#{a} .qkv-head .qkv-left .qkv-tok")[2]
+    ActionChains(browser).move_to_element(token).perform()
+    assert _attr(browser, a, "qkv-head", "data-focus") == "q2"
+    after = (_canvas(browser, a, "qkv-head"), _attr(browser, a, "qkv-head", "data-lines"))
+    assert after[0] != before[0] and int(after[1]) < int(before[1]), (before[1], after[1])
+    assert "qkv-focus" in token.get_attribute("class")
+    assert _attr(browser, b, "qkv-head", "data-draws") == b_draws, "the other viewer redrew"
+
+    # Hovering a key token shows the lines into it.
+    key = browser.find_elements("css selector", f"#{a} .qkv-head .qkv-right .qkv-tok")[4]
+    ActionChains(browser).move_to_element(key).perform()
+    assert _attr(browser, a, "qkv-head", "data-focus") == "k4"
+
+    # Switching the layer changes the drawing (focus cleared first by leaving the stage).
+    ActionChains(browser).move_to_element(
+        browser.find_element("css selector", f"#{a} .qkv-title")).perform()
+    layer0 = _canvas(browser, a, "qkv-head")
+    Select(browser.find_element("css selector", f"#{a} .qkv-head select.qkv-layer")
+           ).select_by_index(1)  # fmt: skip
+    assert _attr(browser, a, "qkv-head", "data-layer") == "1"
+    assert _canvas(browser, a, "qkv-head") != layer0
+
+    # Turning a head off removes its lines.
+    lines = int(_attr(browser, a, "qkv-head", "data-lines"))
+    browser.find_element("css selector", f"#{a} .qkv-head .qkv-chip[data-head='0']").click()
+    assert int(_attr(browser, a, "qkv-head", "data-lines")) < lines
+
+    # Model view: a thumbnail per layer × head; clicking one opens it.
+    browser.find_elements("css selector", f"#{a} .qkv-tabs button")[1].click()
+    thumbs = browser.find_elements("css selector", f"#{a} .qkv-model-view .qkv-grid canvas")
+    assert len(thumbs) == 2 * 3  # the encoder's 2 layers × 3 heads
+    thumbs[4].click()
+    assert _attr(browser, a, "qkv-model-view", "data-open") == "1,1"
+
+    # Cross-attention view: target queries, source keys.
+    browser.find_elements("css selector", f"#{a} .qkv-tabs button")[2].click()
+    assert int(_attr(browser, a, "qkv-cross", "data-lines")) > 0
+    labels = [e.text for e in browser.find_elements(
+        "css selector", f"#{a} .qkv-cross .qkv-right .qkv-tok") if e.text]  # fmt: skip
+    assert labels[:2] == ["s0", "s1"]
+    assert len(browser.find_elements("css selector", f"#{b} .qkv-tabs button")) == 2
+    assert _errors(browser) == []
+
+
+def test_stays_responsive_at_4096_tokens(browser, tmp_path):
+    torch.manual_seed(0)
+    model = DecoderLM(DecoderLMConfig(50, d_model=16, num_layers=2, num_heads=2,
+                                      max_len=4096)).eval()  # fmt: skip
+    ids = torch.randint(0, 50, (1, 4096), generator=torch.Generator().manual_seed(0))
+    start = time.perf_counter()
+    v = qi.view(model, ids, tmp_path / "long.html")
+    build_s = time.perf_counter() - start
+    size_mb = v.path.stat().st_size / 1e6
+    start = time.perf_counter()
+    browser.get(v.path.as_uri())
+    load_s = time.perf_counter() - start
+    root = browser.execute_script("return document.querySelector('.qkv-viewer').id")
+    timings = browser.execute_script(
+        """
+        const root = document.getElementById(arguments[0]);
+        const panel = root.querySelector('.qkv-head');
+        const t = {render: +root.dataset.renderMs};
+        let s = performance.now();
+        const tok = panel.querySelectorAll('.qkv-left .qkv-tok')[5];
+        tok.dispatchEvent(new MouseEvent('mouseover', {bubbles: true}));
+        t.hover = performance.now() - s;
+        t.focus = panel.dataset.focus;
+        panel.querySelector('.qkv-stage').dispatchEvent(new MouseEvent('mouseleave'));
+        const sel = panel.querySelector('select.qkv-layer');
+        s = performance.now();
+        sel.value = '1'; sel.dispatchEvent(new Event('change'));
+        t.layer = performance.now() - s;
+        t.layerShown = panel.dataset.layer;
+        const keyTok = panel.querySelectorAll('.qkv-right .qkv-tok')[3];
+        s = performance.now();
+        keyTok.dispatchEvent(new MouseEvent('mouseover', {bubbles: true}));
+        t.keyHover = performance.now() - s;
+        return t;
+        """,
+        root,
+    )
+    # Scrolling to the middle draws the rows there.
+    browser.execute_script(
+        "document.querySelector('#' + arguments[0] + ' .qkv-head .qkv-scroll').scrollTop = 2048 * 18",
+        root)  # fmt: skip
+    time.sleep(0.2)
+    shown = [int(e.get_attribute("data-index")) for e in browser.find_elements(
+        "css selector", f"#{root} .qkv-head .qkv-left .qkv-tok") if e.is_displayed()]  # fmt: skip
+    print(f"\n4096 tokens, 2 layers x 2 heads: build {build_s:.2f} s, page {size_mb:.2f} MB, "
+          f"load {load_s:.2f} s, first render {timings['render']:.0f} ms, hover "
+          f"{timings['hover']:.1f} ms, key hover {timings['keyHover']:.1f} ms, layer switch "
+          f"{timings['layer']:.1f} ms")  # fmt: skip
+    assert timings["focus"] == "q5" and timings["layerShown"] == "1"
+    assert min(shown) >= 2000 and max(shown) < 2100, (min(shown), max(shown))
+    assert timings["render"] < 2000 and timings["hover"] < 250 and timings["layer"] < 1500
+    assert timings["keyHover"] < 500
+    assert size_mb < 8 and _errors(browser) == []
