@@ -17,8 +17,7 @@ from types import ModuleType
 
 import typer
 
-from qkv.cli import bench_cmd, explain_cmd, inspect_cmd, tour
-from qkv.cli import chat_cmd, embed_cmd, generate_cmd
+from qkv.cli import bench_cmd, chat_cmd, embed_cmd, explain_cmd, generate_cmd, inspect_cmd, tour
 
 __all__ = ["COMMANDS", "app"]
 
