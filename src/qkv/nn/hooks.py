@@ -21,12 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from qkv.attention.backends.math import softmax_rows
-from qkv.attention.call import dense_mask, make_call
+from qkv.attention.backends import math as math_backend
+from qkv.attention.call import make_call
 
 __all__ = ["AttentionInputs", "HookPoint", "explicit_attention", "listening"]
 
@@ -121,27 +120,4 @@ def explicit_attention(
         inputs.is_causal, inputs.scale, inputs.enable_gqa, need_weights, None,
         inputs.alibi_slopes,
     )
-    q, k, v = call.query, call.key, call.value
-    B, H, T, D = q.shape
-    Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
-    G = call.groups
-    acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    # 1) Scores, scaled; the G query heads sharing a key head are folded into the rows.
-    scores = q.reshape(B, Hkv, G * T, D) @ k.transpose(-2, -1)  # (B, Hkv, G·T, S)
-    scores = scores.reshape(B, H, T, S).to(acc) * call.scale  # (B, H, T, S)
-    # 2) Every mask part at once (hidden keys -inf, float masks and ALiBi added).
-    mask = dense_mask(call)
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        else:
-            scores = scores + mask.to(acc)
-    scores = hook_scores(scores)
-    # 3) Softmax (rows with no visible key give zeros), then the weights' hook point.
-    weights = hook_weights(softmax_rows(scores).to(q.dtype))
-    applied = weights
-    if call.dropout_p > 0.0:
-        applied = torch.dropout(weights, call.dropout_p, train=True)
-    # 4) Weighted sum of the values.
-    out = applied.reshape(B, Hkv, G * T, S) @ v  # (B, Hkv, G·T, Dv)
-    return out.reshape(B, H, T, Dv), (applied if need_weights else None)  # (B, H, T, Dv)
+    return math_backend.run(call, on_scores=hook_scores, on_weights=hook_weights)

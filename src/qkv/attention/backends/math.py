@@ -8,6 +8,8 @@ the query length, so K and V are never repeated in memory.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -36,8 +38,17 @@ def softmax_rows(scores: Tensor) -> Tensor:
     return e / total.masked_fill(total == 0, 1.0)
 
 
-def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
-    """Attention by its definition: output ``(B, H, T, Dv)``, weights ``(B, H, T, S)``."""
+def run(
+    call: AttentionCall,
+    *,
+    on_scores: Callable[[Tensor], Tensor] | None = None,
+    on_weights: Callable[[Tensor], Tensor] | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Attention by its definition: output ``(B, H, T, Dv)``, weights ``(B, H, T, S)``.
+
+    ``on_scores`` and ``on_weights`` (hook points of :mod:`qkv.nn.hooks`) may read or replace
+    the masked scores and the softmax weights ``(B, H, T, S)`` on their way through.
+    """
     q, k, v = call.query, call.key, call.value
     B, H, T, D = q.shape
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
@@ -57,8 +68,12 @@ def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
             scores = scores.masked_fill(~mask, float("-inf"))
         else:
             scores = scores + mask.to(acc)
+    if on_scores is not None:
+        scores = on_scores(scores)
     # 4) Softmax over the keys (half precision accumulates in float32).
     weights = softmax_rows(scores).to(q.dtype)
+    if on_weights is not None:
+        weights = on_weights(weights)
     # 5) Dropout on the weights (training only: the caller passes 0 in evaluation).
     applied = weights
     if call.dropout_p > 0.0:
