@@ -189,6 +189,26 @@ def test_dead_rows_are_zero_with_zero_gradient(backend):
         assert torch.isfinite(t.grad).all()
 
 
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("mask_kind", ["bool2d", "float", "bottom-right"])
+def test_torch_backend_dead_rows_on_every_torch(monkeypatch, native, mask_kind):
+    """torch >= 2.5 zeroes rows with no visible key itself; the fallback for older versions
+    (open the rows, run, zero them) gives the same values and gradients."""
+    from qkv.attention.backends import torch_kernel
+
+    monkeypatch.setattr(torch_kernel, "NATIVE_DEAD_ROWS", native)
+    lead, H, T, S = (2,), 2, 9, 5
+    q, k, v = make_inputs(lead, H, H, T, S, 8, 8, torch.float64)
+    kwargs, explicit = make_mask(mask_kind, lead, H, T, S, torch.float64)
+    q1, q2 = q.clone().requires_grad_(), q.clone().requires_grad_()
+    out = qkv.scaled_dot_product_attention(q1, k, v, backend="torch", **kwargs)
+    ref = reference(q2, k, v, explicit)
+    assert_close(out, ref, atol=1e-10, name=f"output native={native}")
+    out.sum().backward()
+    ref.sum().backward()
+    assert_close(q1.grad, q2.grad, atol=1e-10, name=f"dq native={native}")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_key_hidden_float_mask(backend):
     q, k, v = make_inputs((1,), 2, 2, 3, 5, 4, 4, torch.float64)

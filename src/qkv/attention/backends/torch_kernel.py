@@ -17,6 +17,10 @@ from qkv.attention.call import AttentionCall, dead_rows, dense_mask
 
 NAME = "torch"
 
+# torch >= 2.5 gives rows with no visible key zero outputs and zero gradients itself (its
+# "safe softmax"); older versions give NaN, so the rows are opened up and zeroed here.
+NATIVE_DEAD_ROWS = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
+
 
 def why_not(call: AttentionCall) -> str | None:
     """Reasons torch's kernel cannot honour ``call``, or ``None``."""
@@ -66,8 +70,8 @@ def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
         return out, None
     mask = dense_mask(call)
     # Rows with no visible key are opened up so the kernel never sees an all -inf row (NaN
-    # in values and gradients on some torch versions), then zeroed.
-    dead = None if mask is None else dead_rows(mask)
+    # in values and gradients before torch 2.5), then zeroed.
+    dead = None if mask is None or NATIVE_DEAD_ROWS else dead_rows(mask)
     if dead is not None and bool(dead.any()):
         mask = mask | dead if mask.dtype == torch.bool else mask.masked_fill(dead, 0.0)
     else:
