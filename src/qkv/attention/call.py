@@ -177,7 +177,7 @@ def _broadcast_mask(mask: Tensor, full: tuple[int, ...], name: str) -> Tensor:
             f"attention scores {expected} it must broadcast to"
         )
     # Compared from the right, as broadcasting does (torch.broadcast_shapes costs ~70 µs).
-    pairs = list(zip(reversed(mask.shape), reversed(full)))
+    pairs = list(zip(reversed(mask.shape), reversed(full), strict=False))
     if any(m != f and m != 1 and f != 1 for m, f in pairs):
         raise ValueError(
             f"{name} of shape {_shape(mask)} does not broadcast to the attention scores "
