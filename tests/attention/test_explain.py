@@ -72,3 +72,14 @@ def test_explain_named_backend():
     assert e.chosen == "math" and e.reasons["torch"] == "backend='math' was requested"
     with pytest.raises(ValueError, match="cannot honour"):
         qkv.explain(*inputs(), backend="torch", need_weights=True)
+
+
+def test_auto_prefers_flash_for_half_precision_training_and_decoding():
+    q, k, v = (t.bfloat16() for t in inputs(T=64, S=64))
+    assert qkv.explain(q, k, v).chosen == "torch"
+    assert qkv.explain(q.requires_grad_(), k, v).chosen == "flash"
+    with torch.no_grad():
+        assert qkv.explain(q, k, v).chosen == "torch"
+    q1 = q.detach()[:, :, :1]
+    e = qkv.explain(q1, k, v)
+    assert e.chosen == "flash" and "decoding" in e.reasons["torch"]

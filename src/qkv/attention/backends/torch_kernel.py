@@ -45,6 +45,17 @@ def prefer_not(call: AttentionCall) -> str | None:
             f"{' and '.join(parts)} would be materialised as a dense (T, S) mask; "
             "flash computes them per tile"
         )
+    half = call.query.dtype in (torch.float16, torch.bfloat16)
+    if half and call.query.device.type == "cpu":
+        # Measured (benchmarks/suite.py, 2-core AVX2 CPU): torch's half-precision CPU backward
+        # is ~4x slower than flash's, and its one-query decode ~1.6x slower up to S = 8192.
+        grads = torch.is_grad_enabled() and any(
+            t.requires_grad for t in (call.query, call.key, call.value)
+        )
+        if grads:
+            return "torch's half-precision backward on CPU is slower than flash's"
+        if call.T <= 16 and call.S <= 8192:
+            return "torch's half-precision decoding on CPU is slower than flash's"
     return None
 
 
