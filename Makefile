@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 .PHONY: demo test lint bench clean browser
 
 demo: $(VENV)/.stamp-demo
-	$(BIN)/qkv tour
+	$(BIN)/qkv demo
 
 test: $(VENV)/.stamp-test browser
 	$(BIN)/python -m pytest -n 2 -q
@@ -38,7 +38,7 @@ $(VENV)/.stamp-torch: | $(BIN)/python
 	touch $@
 
 $(VENV)/.stamp-demo: pyproject.toml $(VENV)/.stamp-torch
-	$(PIP) install -q -e ".[cli,plots]"
+	$(PIP) install -q -e ".[cli,plots,train]"
 	touch $@
 
 $(VENV)/.stamp-test: pyproject.toml $(VENV)/.stamp-torch

@@ -17,13 +17,29 @@ from types import ModuleType
 
 import typer
 
-from qkv.cli import bench_cmd, chat_cmd, embed_cmd, explain_cmd, generate_cmd, inspect_cmd, tour
+from qkv.cli import (
+    bench_cmd,
+    chat_cmd,
+    demo,
+    embed_cmd,
+    eval_cmd,
+    explain_cmd,
+    generate_cmd,
+    inspect_cmd,
+    tour,
+    train_cmd,
+    translate_cmd,
+)
 
 __all__ = ["COMMANDS", "app"]
 
 # Every command module: ``NAME`` (the word typed after ``qkv``) and ``command`` (the function).
 COMMANDS: tuple[ModuleType, ...] = (
+    demo,
     tour,
+    train_cmd,
+    translate_cmd,
+    eval_cmd,
     explain_cmd,
     inspect_cmd,
     generate_cmd,

@@ -1,0 +1,123 @@
+"""``qkv eval``: measure a trained checkpoint on held-out data.
+
+Without a data option the checkpoint's own run is used: ``qkv train`` left ``data.json`` in
+the run folder, from which the same test split (or, for text, the validation split) is built
+again, never seen in training.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from qkv.cli.runs import DataSpec, fail, load_dataset, load_run, seq2seq_parts
+
+__all__ = ["command", "evaluate_checkpoint"]
+
+NAME = "eval"
+
+
+def evaluate_checkpoint(
+    checkpoint: str | Path,
+    *,
+    task: str | None = None,
+    pairs: Path | None = None,
+    text: Path | None = None,
+    split: str = "test",
+    seed: int | None = None,
+    beam: int | None = None,
+) -> tuple[dict[str, float], str]:
+    """Metrics of the checkpoint at ``checkpoint`` and a description of the data.
+
+    Args:
+        checkpoint: a checkpoint or run folder.
+        task: a task name: its ``split``, as the run's data.json describes it when that is
+            the same task (and ``seed`` is None or the run's), else the task with default
+            sizes and ``seed`` (default 0).
+        pairs: a TSV file, every pair of it evaluated.
+        text: a text file or folder, all of it evaluated (language models).
+        split: ``"test"`` or ``"valid"`` of a task or of the run's own data.
+        seed: the seed of ``task``.
+        beam: beam size for decoding (None: greedy).
+
+    Returns:
+        ``(metrics, what was evaluated)``.
+
+    Raises:
+        FileNotFoundError, ValueError: no or a corrupt checkpoint, no data to evaluate on,
+            a model that does not fit the data.
+        ImportError: sacrebleu missing.
+    """
+    from qkv.data import load_pairs_tsv, load_text
+    from qkv.train import evaluate_lm, evaluate_seq2seq
+
+    if split not in ("test", "valid"):
+        raise ValueError(f"--split must be 'test' or 'valid', got {split!r}")
+    if sum(x is not None for x in (task, pairs, text)) > 1:
+        raise ValueError("give at most one of --task, --pairs and --text")
+    ckpt, folder, spec = load_run(checkpoint)
+    data: Any
+    if pairs is not None:
+        data, what = load_pairs_tsv(pairs), f"{pairs} (all pairs)"
+    elif text is not None:
+        data, what = load_text(text), f"{text} (all of it)"
+    else:
+        same = spec is not None and (spec.kind, spec.source) == ("task", task)
+        if task is not None and not (same and seed in (None, spec.seed)):
+            spec = DataSpec.build({}, task=task, seed=seed or 0)
+        if spec is None:
+            raise ValueError(
+                f"{folder}: no data.json in its run folder to say what it was trained on; "
+                "give --task, --pairs or --text"
+            )
+        split = "valid" if spec.kind == "text" else split
+        data = getattr(load_dataset(spec), split)
+        what = f"{spec.kind} {spec.source}, {'validation' if split == 'valid' else 'test'} split"
+    if not data:
+        raise ValueError(f"nothing to evaluate in {what}")
+    if isinstance(data, str):
+        tok = ckpt.tokenizers.get("text")
+        if tok is None:
+            raise ValueError(f"{folder} is not a language model with a text tokenizer")
+        block = int(ckpt.model.config.max_len)
+        return evaluate_lm(ckpt.model, tok.encode(data), block_size=block), what
+    model, src_tok, tgt_tok = seq2seq_parts(ckpt, folder, "eval")
+    metrics = evaluate_seq2seq(model, data, src_tok, tgt_tok, batch_size=256, beam=beam)
+    return metrics, f"{what}, {len(data):,} pairs"
+
+
+def command(
+    checkpoint: Annotated[Path, typer.Argument(
+        help="A checkpoint folder, or a run folder (its best/ checkpoint is used).",
+        show_default=False,
+    )],
+    task: Annotated[str | None, typer.Option("--task", help="Evaluate on this task.")] = None,
+    pairs: Annotated[Path | None, typer.Option("--pairs", help="Evaluate on this TSV.")] = None,
+    text: Annotated[Path | None, typer.Option("--text", help="Evaluate an LM on this text.")] = (
+        None
+    ),
+    split: Annotated[str, typer.Option("--split", help="test or valid.")] = "test",
+    seed: Annotated[int | None, typer.Option(
+        "--seed", help="Seed of --task's data (default: the run's, else 0).",
+    )] = None,
+    beam: Annotated[int | None, typer.Option("--beam", min=1, help="Beam size.")] = None,
+) -> None:
+    """Evaluate a checkpoint: exact match, BLEU, chrF (or loss and perplexity for text).
+
+    Without --task, --pairs or --text it uses the held-out split of the data it was trained on.
+
+    [bold]Example:[/bold] qkv eval runs/dates
+    """
+    from qkv.cli.train_cmd import metrics_line
+
+    try:
+        metrics, what = evaluate_checkpoint(checkpoint, task=task, pairs=pairs, text=text,
+                                            split=split, seed=seed, beam=beam)  # fmt: skip
+    except (ValueError, TypeError, FileNotFoundError, ImportError, OSError) as err:
+        raise fail(err) from None
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(f"{checkpoint}: {what}")
+    console.print(metrics_line(metrics))
