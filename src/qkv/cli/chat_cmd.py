@@ -23,6 +23,7 @@ import typer
 from rich.console import Console
 
 from qkv.cli.generate_cmd import fail
+from qkv.cli.options import Seed, Temperature, TopK, TopP
 
 __all__ = ["Conversation", "command", "run_chat"]
 
@@ -150,16 +151,10 @@ def command(
     max_new_tokens: Annotated[int, typer.Option(
         "--max-new-tokens", "-n", min=1, help="Most tokens per reply.",
     )] = 256,
-    temperature: Annotated[float, typer.Option(
-        "--temperature", "-t", min=0.0, help="0 = greedy; > 0 samples.",
-    )] = 0.0,
-    top_k: Annotated[int | None, typer.Option(
-        "--top-k", min=1, help="Sample among the k most probable tokens only.",
-    )] = None,
-    top_p: Annotated[float | None, typer.Option(
-        "--top-p", min=0.0, max=1.0, help="Sample within the nucleus of probability mass p.",
-    )] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the sampling.")] = None,
+    temperature: Temperature = 0.0,
+    top_k: TopK = None,
+    top_p: TopP = None,
+    seed: Seed = None,
 ) -> None:
     """Chat with a language model; replies stream as they are generated.
 

@@ -28,6 +28,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from qkv.cli.options import Seed, Temperature, TopK, TopP
+
 __all__ = [
     "Source",
     "command",
@@ -238,16 +240,10 @@ def command(
         "--max-new-tokens", "-n", min=1, show_default=False,
         help="Most tokens generated per prompt \\[default: 64; translation: 2 x source + 10].",
     )] = None,
-    temperature: Annotated[float, typer.Option(
-        "--temperature", "-t", min=0.0, help="0 = greedy; > 0 samples.",
-    )] = 0.0,
-    top_k: Annotated[int | None, typer.Option(
-        "--top-k", min=1, help="Sample among the k most probable tokens only.",
-    )] = None,
-    top_p: Annotated[float | None, typer.Option(
-        "--top-p", min=0.0, max=1.0, help="Sample within the nucleus of probability mass p.",
-    )] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the sampling.")] = None,
+    temperature: Temperature = 0.0,
+    top_k: TopK = None,
+    top_p: TopP = None,
+    seed: Seed = None,
     beam: Annotated[int | None, typer.Option(
         "--beam", min=1, help="Beam search with this many beams (instead of greedy/sampling).",
     )] = None,
