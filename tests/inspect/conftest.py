@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-import qkv
-
 
 @pytest.fixture
 def spy_backends(monkeypatch):
-    """Record (backend auto picks, need_weights) of every SDPA call an Attention makes."""
-    import qkv.nn.attention as module
+    """Record (backend auto picks, need_weights) of every kernel call an attention module's
+    core makes."""
+    import qkv.nn.core as core
+    from qkv.attention import dispatch
 
     seen: list[tuple[str, bool]] = []
 
-    def spy(*args, **kwargs):
-        seen.append((qkv.explain(*args, **kwargs).chosen, kwargs.get("need_weights", False)))
-        return qkv.scaled_dot_product_attention(*args, **kwargs)
+    def spy(call, backend="auto"):
+        seen.append((dispatch.decide(call, with_costs=False).chosen, call.need_weights))
+        return dispatch.select(call, backend).run(call)
 
-    monkeypatch.setattr(module, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(core, "run_call", spy)
     return seen

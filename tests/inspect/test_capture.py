@@ -183,7 +183,7 @@ def test_errors_name_the_argument():
         model, rows=20
     ), torch.no_grad():
         run()
-    with pytest.raises(ValueError, match=r"Linear has no qkv\.nn\.Attention layers"), qi.capture(
+    with pytest.raises(ValueError, match=r"Linear has no qkv attention modules"), qi.capture(
         torch.nn.Linear(2, 2)
     ):
         pass

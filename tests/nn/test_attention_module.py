@@ -169,18 +169,22 @@ def test_masks(dtype, kind, causal, cross):
         )
 
 
-def test_calls_sdpa_with_fast_path_arguments(monkeypatch):
-    """Outputs come from the fused kernel unless weights are asked for; GQA stays folded."""
-    import qkv.nn.attention as module
+def test_calls_the_core_kernel_with_fast_path_arguments(monkeypatch):
+    """Outputs come from the fused kernel unless weights are asked for; GQA stays folded;
+    the module's call reaches the kernel through the core with no second validation."""
+    import qkv.nn.core as core
+    from qkv.attention import dispatch
 
     seen = []
 
-    def spy(*args, **kwargs):
-        seen.append({k: kwargs[k] for k in ("need_weights", "enable_gqa", "dropout_p")})
-        seen[-1]["backend"] = qkv.explain(*args, **kwargs).chosen
-        return qkv.scaled_dot_product_attention(*args, **kwargs)
+    def spy(call, backend="auto"):
+        seen.append({
+            "need_weights": call.need_weights, "gqa": call.groups > 1,
+            "dropout_p": call.dropout_p, "backend": dispatch.decide(call).chosen,
+        })
+        return dispatch.select(call, backend).run(call)
 
-    monkeypatch.setattr(module, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(core, "run_call", spy)
     attn = Attention(24, 6, num_kv_heads=2, dropout=0.25).eval()
     x = torch.randn(2, 5, 24)
     attn(x)
@@ -188,9 +192,9 @@ def test_calls_sdpa_with_fast_path_arguments(monkeypatch):
     attn.train()
     attn(x)
     assert seen == [
-        {"need_weights": False, "enable_gqa": True, "dropout_p": 0.0, "backend": "torch"},
-        {"need_weights": True, "enable_gqa": True, "dropout_p": 0.0, "backend": "flash"},
-        {"need_weights": False, "enable_gqa": True, "dropout_p": 0.25, "backend": "torch"},
+        {"need_weights": False, "gqa": True, "dropout_p": 0.0, "backend": "torch"},
+        {"need_weights": True, "gqa": True, "dropout_p": 0.0, "backend": "flash"},
+        {"need_weights": False, "gqa": True, "dropout_p": 0.25, "backend": "torch"},
     ]
 
 

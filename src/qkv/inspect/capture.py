@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from qkv.inspect.hookpoints import attention_layers, hook_points, match_names
 from qkv.inspect.weights import check_heads, check_rows, weights_of
-from qkv.nn.attention import Attention
+from qkv.nn.core import AttentionCore
 from qkv.nn.hooks import AttentionInputs
 
 __all__ = ["Captured", "capture", "join_calls"]
@@ -144,7 +144,8 @@ def capture(
     """Record attention weights of ``model``'s attention layers while it runs.
 
     Args:
-        model: any module built from :class:`qkv.nn.Attention` (every qkv model).
+        model: any module with qkv attention modules (every qkv model, and models built
+            from the torch drop-ins such as :class:`qkv.nn.Transformer`).
         layers: None (every attention layer), or names, glob patterns (``"*cross_attn"``) or
             int indices into the model's attention layers in module order, alone or in a list.
         heads: None (all) or query head indices, the same for every captured layer.
@@ -165,7 +166,10 @@ def capture(
     """
     found = attention_layers(model)
     if not found:
-        raise ValueError(f"{type(model).__name__} has no qkv.nn.Attention layers to capture")
+        raise ValueError(
+            f"{type(model).__name__} has no qkv attention modules to capture (qkv.nn.Attention, "
+            "MultiheadAttention, the Transformer drop-ins or the single heads)"
+        )
     chosen = match_names(list(found), layers, "layers", allow_int=True)
     cap = Captured(rows)
     check_rows(rows, 1 << 62)  # types and step now; ranges per call
@@ -193,7 +197,7 @@ def capture(
 
 
 def _on_call(
-    cap: Captured, name: str, module: Attention, inputs: AttentionInputs, keep: bool
+    cap: Captured, name: str, module: AttentionCore, inputs: AttentionInputs, keep: bool
 ) -> None:
     """One call of a captured layer: note its kind, then its weights (or how to read them)."""
     cap.kinds[name] = _kind(cap.kinds.get(name), inputs)

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from qkv.nn.attention import Attention
+from qkv.nn.core import AttentionCore
 from qkv.nn.hooks import HookPoint
 
 __all__ = ["attention_layers", "hook_points", "hooks", "match_names"]
@@ -40,15 +40,17 @@ def hook_points(model: nn.Module) -> dict[str, HookPoint]:
     }
 
 
-def attention_layers(model: nn.Module) -> dict[str, Attention]:
-    """Every :class:`qkv.nn.Attention` of ``model`` by name, in module order
-    (``blocks.0.self_attn``, ..., ``decoder_blocks.0.cross_attn``, ...).
+def attention_layers(model: nn.Module) -> dict[str, AttentionCore]:
+    """Every attention module of ``model`` by name, in module order (``blocks.0.self_attn``,
+    ..., ``decoder_blocks.0.cross_attn``, ...; ``layers.0.self_attn`` in a torch-style
+    :class:`qkv.nn.Transformer`): every :class:`~qkv.nn.core.AttentionCore`, which
+    :class:`qkv.nn.Attention`, :class:`qkv.nn.MultiheadAttention` and the single heads are.
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``.
     """
     return {
-        name: m for name, m in _check_model(model).named_modules() if isinstance(m, Attention)
+        name: m for name, m in _check_model(model).named_modules() if isinstance(m, AttentionCore)
     }
 
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from qkv.attention.backends import flash
-from qkv.attention.call import AttentionCall, make_call
+from qkv.attention.call import AttentionCall
 from qkv.attention.weights import rebuild
 from qkv.nn.hooks import AttentionInputs
 
@@ -83,10 +83,7 @@ def _head_call(inputs: AttentionInputs, heads: list[int]) -> AttentionCall:
     q, k = inputs.query.detach(), inputs.key.detach()
     # The values only feed the output, which is not needed: one zero column keeps it cheap.
     v = k.new_zeros((*k.shape[:-1], 1))  # (B, Hkv, S, 1)
-    call = make_call(
-        q, k, v, inputs.attn_mask, 0.0, inputs.is_causal, inputs.scale, inputs.enable_gqa,
-        False, None, inputs.alibi_slopes,
-    )
+    call = dataclasses.replace(inputs.to_call(), query=q, key=k, value=v, dropout_p=0.0)
     idx = torch.tensor(heads, dtype=torch.long, device=q.device)
     kv = idx // call.groups  # the key/value head each chosen query head reads
     mask = call.mask
@@ -135,6 +132,7 @@ def weight_blocks(
     Raises:
         TypeError, ValueError: bad ``heads``, ``rows`` or ``block_rows``.
     """
+    inputs = inputs.checked()  # records may come from user code, not only from a module
     B, H, T, _ = inputs.query.shape
     S = inputs.key.shape[2]
     head_list = check_heads(heads, H)

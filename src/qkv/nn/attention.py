@@ -4,8 +4,9 @@
 
 (Vaswani et al., 2017), with ``g(h) = h // (H / Hkv)`` for grouped-query attention (Ainslie et
 al., 2023; ``Hkv == H`` is ordinary multi-head, ``Hkv == 1`` multi-query). The module owns only
-the four projections; the arithmetic is :func:`qkv.scaled_dot_product_attention`, which runs the
-fused kernel whenever weights are not requested and the math backend when they are.
+the four projections and its conventions (batch-first, bottom-right causal alignment with a
+cache, ALiBi); what follows the projections (hook points, the kernel call, weights on request)
+is the shared :class:`~qkv.nn.core.AttentionCore`.
 
 Positions: an optional :class:`~qkv.nn.rope.RotaryEmbedding` rotates queries and keys (Su et
 al., 2021) and ``alibi=True`` adds linear distance biases to the scores (Press et al., 2022);
@@ -13,13 +14,12 @@ both are for self-attention. With a :class:`~qkv.nn.cache.LayerKVCache` the new 
 placed after the cached ones: rotary positions start at the cached length, and the causal mask
 and ALiBi are aligned bottom-right (the queries are the last ``T`` of the ``S`` keys).
 
-Hook points (:mod:`qkv.nn.hooks`; read or replace intermediates, used by :mod:`qkv.inspect`):
-``hook_q (B, H, T, D)``, ``hook_k (B, Hkv, S, D)``, ``hook_v (B, Hkv, S, Dv)`` after rotary
-positions and the cache (a replacement changes this call, not what the cache holds);
-``hook_inputs`` (the :class:`~qkv.nn.hooks.AttentionInputs` handed to SDPA); ``hook_scores``
-and ``hook_weights`` ``(B, H, T, S)``, formed only while a hook listens, and then this layer
-runs the math path (:func:`~qkv.nn.hooks.explicit_attention`) instead of the fused kernel;
-``hook_out (B, H, T, Dv)``, the per-head outputs before the heads are merged.
+Hook points (from :class:`~qkv.nn.core.AttentionCore`; read or replace intermediates, used by
+:mod:`qkv.inspect`): ``hook_q (B, H, T, D)``, ``hook_k (B, Hkv, S, D)``, ``hook_v (B, Hkv, S,
+Dv)`` after rotary positions and the cache (a replacement changes this call, not what the
+cache holds); ``hook_inputs`` (the :class:`~qkv.nn.hooks.AttentionInputs` record);
+``hook_scores`` and ``hook_weights`` ``(B, H, T, S)``, formed only while a hook listens (then
+this layer runs the math backend); ``hook_out (B, H, T, Dv)``, the per-head outputs.
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ import torch
 from torch import Tensor, nn
 
 from qkv.attention import masks
-from qkv.attention.sdpa import scaled_dot_product_attention
 from qkv.nn.alibi import alibi_bias, alibi_slopes
 from qkv.nn.cache import LayerKVCache
-from qkv.nn.hooks import AttentionInputs, HookPoint, explicit_attention, listening
+from qkv.nn.core import AttentionCore
 from qkv.nn.rope import RotaryEmbedding
 
 __all__ = ["Attention"]
@@ -47,7 +46,7 @@ def _shape(t: Tensor) -> str:
     return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
-class Attention(nn.Module):
+class Attention(AttentionCore):
     """Batch-first multi-head attention with grouped-query heads, RoPE, ALiBi and a KV cache.
 
     Args:
@@ -125,11 +124,6 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(self.d_context, Hkv * D, bias=bias)
         self.v_proj = nn.Linear(self.d_context, Hkv * D, bias=bias)
         self.out_proj = nn.Linear(H * D, d_model, bias=bias)
-        # Identity hook points (see the module docstring); no parameters, no state_dict keys.
-        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
-        self.hook_inputs = HookPoint()
-        self.hook_scores, self.hook_weights = HookPoint(), HookPoint()
-        self.hook_out = HookPoint()
 
     def extra_repr(self) -> str:
         parts = [f"d_model={self.d_model}", f"num_heads={self.num_heads}"]
@@ -183,34 +177,22 @@ class Attention(nn.Module):
                 context when ``d_context != d_model``, RoPE or ALiBi with a context, masks
                 that do not broadcast, cache mismatches.
         """
-        self._check_inputs(x, context, mask, cache)
+        self._check_inputs(x, context, cache)
         q = self._split(self.q_proj(x), self.num_heads)  # (B, H, T, D)
         if context is None:
             q, k, v = self._self_keys(x, q, cache, positions)
         else:
             k, v = self._cross_keys(context, cache, x.shape[0])
-        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
-        T, S = q.shape[2], k.shape[2]
-        attn_mask, causal_flag, slopes = self._mask(mask, is_causal, T, S, x)
-        inputs = self.hook_inputs(AttentionInputs(
-            q, k, v, attn_mask=attn_mask, is_causal=causal_flag, alibi_slopes=slopes,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-            dropout_p=self.dropout if self.training else 0.0, cross=context is not None,
-        ))
-        if listening(self.hook_scores, self.hook_weights):
-            # Someone reads or replaces the scores/weights: only the math path forms them.
-            out, weights = explicit_attention(
-                inputs, self.hook_scores, self.hook_weights, need_weights
-            )
-        else:
-            result = scaled_dot_product_attention(
-                inputs.query, inputs.key, inputs.value, attn_mask=inputs.attn_mask,
-                dropout_p=inputs.dropout_p, is_causal=inputs.is_causal,
-                enable_gqa=inputs.enable_gqa, need_weights=need_weights,
-                alibi_slopes=inputs.alibi_slopes,
-            )
-            out, weights = result if need_weights else (result, None)
-        out = self.hook_out(out)  # (B, H, T, Dv)
+        B, H, T, S = q.shape[0], self.num_heads, q.shape[2], k.shape[2]
+        if mask is not None:
+            # The one check of the user's mask (this is the public boundary).
+            mask = masks.check_attn_mask(mask, (B, H, T, S), name="mask", dtype=x.dtype)
+        mask, causal_flag, slopes = self._mask(mask, is_causal, T, S, x)
+        out, weights = self.attend(
+            q, k, v, mask=mask, is_causal=causal_flag, alibi_slopes=slopes,
+            dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights,
+            cross=context is not None,
+        )  # (B, H, T, Dv)
         return self.out_proj(self._merge(out)), weights
 
     # --- helpers -----------------------------------------------------------------------------
@@ -278,11 +260,9 @@ class Attention(nn.Module):
             return mask, flag, slopes
         bias = alibi_bias(self.num_heads, T, S, device=x.device, dtype=x.dtype)  # (H, T, S)
         # The bias goes first so the combined float mask keeps the input's dtype.
-        return masks.combine(bias, mask), flag, None
+        return masks.combine(bias[None], mask), flag, None  # (B|1, H, T, S)
 
-    def _check_inputs(
-        self, x: object, context: object, mask: object, cache: object
-    ) -> None:
+    def _check_inputs(self, x: object, context: object, cache: object) -> None:
         """Fail early, naming the argument, instead of deep inside a Linear or SDPA."""
         self._check_tensor("x", x, self.d_model, "E")
         assert isinstance(x, Tensor)
@@ -306,13 +286,6 @@ class Attention(nn.Module):
                     "rope and alibi encode positions within one sequence; this module has "
                     "them, so it cannot be called with a context (cross-attention)"
                 )
-        if mask is not None and not isinstance(mask, Tensor):
-            raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
-        if isinstance(mask, Tensor) and mask.dtype != torch.bool and not mask.is_floating_point():
-            raise TypeError(
-                "mask must be boolean (True = may attend) or floating point (added to the "
-                f"scores), got dtype {mask.dtype}"
-            )
         if cache is not None and not isinstance(cache, LayerKVCache):
             raise TypeError(
                 f"cache must be a LayerKVCache (e.g. kv_cache[layer]) or None, got "

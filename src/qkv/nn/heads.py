@@ -5,6 +5,8 @@
 attention written the long way, a list of heads whose outputs are concatenated and projected.
 They compute exactly what :class:`~qkv.nn.attention.Attention` computes (``HeadList.to_attention``
 makes the equivalent ``Attention``) but keep each head visible, and always return weights.
+Each head is an :class:`~qkv.nn.core.AttentionCore` with ``H = 1``: it has the hook points of
+every attention module, so :mod:`qkv.inspect` captures it (``heads.0``, ``heads.1``, ...).
 
 Every head scales its scores by ``1/√D`` as in Vaswani et al. (2017).
 """
@@ -15,8 +17,9 @@ import torch
 from torch import Tensor, nn
 
 from qkv.attention import masks
-from qkv.attention.sdpa import scaled_dot_product_attention
+from qkv.attention.masks import check_attn_mask
 from qkv.nn.attention import Attention
+from qkv.nn.core import AttentionCore
 
 __all__ = ["AttentionHead", "HeadList", "SelfAttention"]
 
@@ -38,15 +41,25 @@ def _check_input(name: str, t: object, width: int, weight: Tensor) -> Tensor:
     return t
 
 
-def _one_head(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
-    """Attention of one head: ``(B, T, D)`` queries -> ``(out (B, T, Dv), weights (B, T, S))``."""
-    out, weights = scaled_dot_product_attention(
-        q[:, None], k[:, None], v[:, None], attn_mask=mask, need_weights=True
-    )  # (B, 1, T, Dv), (B, 1, T, S)
-    return out[:, 0], weights[:, 0]  # (B, T, Dv), (B, T, S)
+class _SingleHead(AttentionCore):
+    """A one-head :class:`~qkv.nn.core.AttentionCore` on ``(B, T, D)`` tensors."""
+
+    num_heads = num_kv_heads = 1
+
+    def _one_head(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """``(B, T, D)`` queries -> ``(out (B, T, Dv), weights (B, T, S))``; ``mask`` is
+        checked here (the public boundary) against the scores ``(B, 1, T, S)``."""
+        q, k, v = q[:, None], k[:, None], v[:, None]  # (B, 1, T|S, D)
+        if mask is not None:
+            shape = (q.shape[0], 1, q.shape[2], k.shape[2])
+            mask = check_attn_mask(mask, shape, name="mask", dtype=q.dtype)
+        out, weights = self.attend(q, k, v, mask=mask, need_weights=True)  # (B, 1, T, Dv)
+        return out[:, 0], weights[:, 0]  # (B, T, Dv), (B, T, S)
 
 
-class AttentionHead(nn.Module):
+class AttentionHead(_SingleHead):
     """One attention head with its own ``query``, ``key`` and ``value`` projections.
 
     Args:
@@ -118,7 +131,7 @@ class AttentionHead(nn.Module):
         q = self.query(x)  # (B, T, D)
         k = self.key(source)  # (B, S, D)
         v = self.value(source)  # (B, S, D)
-        return _one_head(q, k, v, self._causal_mask(x.shape[1], x.device))
+        return self._one_head(q, k, v, self._causal_mask(x.shape[1], x.device))
 
     def _causal_mask(self, T: int, device: torch.device) -> Tensor | None:
         if not self.causal:
@@ -135,7 +148,7 @@ class AttentionHead(nn.Module):
         return f"d_model={self.d_model}, d_head={self.d_head}{extra}"
 
 
-class SelfAttention(nn.Module):
+class SelfAttention(_SingleHead):
     """Single-head self-attention: ``x`` projected to Q, K and V, no output projection.
 
     Args:
@@ -177,7 +190,7 @@ class SelfAttention(nn.Module):
             if mask.dim() == 3:
                 mask = mask[:, None]  # (B, 1, T, T): the single head dimension
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, D) each
-        return _one_head(q, k, v, mask)
+        return self._one_head(q, k, v, mask)
 
 
 class HeadList(nn.Module):

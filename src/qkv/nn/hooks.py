@@ -4,9 +4,9 @@ A :class:`HookPoint` returns its input unchanged. Its value is that it is a *mod
 name in ``model.named_modules()`` (``blocks.0.self_attn.hook_q``), so a forward hook on it sees
 the intermediate and may return a replacement, which then flows on (TransformerLens names its
 hook points the same way). Nothing is computed for a hook point nobody listens to, except
-``hook_scores`` and ``hook_weights`` of :class:`~qkv.nn.attention.Attention`: the fused kernels
-never form the ``(B, H, T, S)`` scores, so those two exist only when a hook asks for them, and
-then that one layer runs :func:`explicit_attention` (the math path) instead of the kernel.
+``hook_scores`` and ``hook_weights`` of an attention module (:class:`~qkv.nn.core.AttentionCore`):
+the fused kernels never form the ``(B, H, T, S)`` scores, so those two exist only when a hook
+asks for them, and then that one layer runs the math backend instead of the kernel.
 
 :class:`AttentionInputs` is what an attention module hands to
 :func:`qkv.scaled_dot_product_attention`: queries and keys after rotary positions and the KV
@@ -17,6 +17,8 @@ without touching the model's own call.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,10 +26,9 @@ from typing import Any
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from qkv.attention.backends import math as math_backend
-from qkv.attention.call import make_call
+from qkv.attention.call import AttentionCall, causal_shift, make_call
 
-__all__ = ["AttentionInputs", "HookPoint", "explicit_attention", "listening"]
+__all__ = ["AttentionInputs", "HookPoint", "listening"]
 
 
 class HookPoint(nn.Module):
@@ -90,34 +91,36 @@ class AttentionInputs:
     cross: bool = False
     scale: float | None = None
 
+    def to_call(self, need_weights: bool = False) -> AttentionCall:
+        """This record as the :class:`~qkv.attention.call.AttentionCall` the backends run.
 
-def explicit_attention(
-    inputs: AttentionInputs,
-    hook_scores: HookPoint,
-    hook_weights: HookPoint,
-    need_weights: bool = False,
-) -> tuple[Tensor, Tensor | None]:
-    """Attention by its four steps, with the scores and weights passed through hook points.
+        No validation: the record was built by an attention module from checked arguments
+        (``attn_mask`` 4-D, ``alibi_slopes`` float32), or passed :meth:`checked`.
+        """
+        q, k = self.query, self.key
+        T, S, D = q.shape[2], k.shape[2], q.shape[3]
+        scale = self.scale if self.scale is not None else 1.0 / math.sqrt(D) if D else 1.0
+        return AttentionCall(
+            query=q, key=k, value=self.value, mask=self.attn_mask,
+            causal=causal_shift(self.is_causal, T, S), window=None, alibi=self.alibi_slopes,
+            scale=float(scale), dropout_p=float(self.dropout_p), need_weights=need_weights,
+            batch_shape=(q.shape[0],),
+        )
 
-    Equal to the math backend of :func:`qkv.scaled_dot_product_attention` when the hooks
-    replace nothing. Used only for a layer whose ``hook_scores`` or ``hook_weights`` has a
-    listener, since only this path forms those tensors.
+    def checked(self) -> AttentionInputs:
+        """The record validated as :func:`qkv.scaled_dot_product_attention` validates a call
+        (for records built or replaced by user code); the mask comes back in its 4-D form.
 
-    Args:
-        inputs: the call's :class:`AttentionInputs`.
-        hook_scores: sees the scaled, masked scores ``(B, H, T, S)`` (hidden keys ``-inf``).
-        hook_weights: sees the softmax weights ``(B, H, T, S)``, before dropout.
-        need_weights: also return the weights (after dropout, as SDPA does).
-
-    Returns:
-        ``(out (B, H, T, Dv), weights or None)``.
-
-    Raises:
-        The errors of :func:`qkv.scaled_dot_product_attention`'s argument checks.
-    """
-    call = make_call(
-        inputs.query, inputs.key, inputs.value, inputs.attn_mask, inputs.dropout_p,
-        inputs.is_causal, inputs.scale, inputs.enable_gqa, need_weights, None,
-        inputs.alibi_slopes,
-    )
-    return math_backend.run(call, on_scores=hook_scores, on_weights=hook_weights)
+        Raises:
+            TypeError, ValueError: as :func:`qkv.scaled_dot_product_attention`.
+        """
+        for name in ("query", "key", "value"):
+            t = getattr(self, name)
+            if not isinstance(t, Tensor) or t.dim() != 4:
+                shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                raise ValueError(f"AttentionInputs.{name} must be a 4-D tensor, got {shape}")
+        call = make_call(
+            self.query, self.key, self.value, self.attn_mask, self.dropout_p, self.is_causal,
+            self.scale, self.enable_gqa, False, None, self.alibi_slopes,
+        )
+        return dataclasses.replace(self, attn_mask=call.mask, alibi_slopes=call.alibi)

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from qkv.attention.masks import combine, from_mha
+from qkv.nn.errors import DropInArgumentError, DropInTypeError
 
 __all__ = ["append_visible", "check_masks", "merge", "resolve_causal"]
 
@@ -28,9 +29,9 @@ def _shape(t: Tensor) -> tuple[int, ...]:
 
 def _check_dtype(name: str, mask: object) -> Tensor:
     if not isinstance(mask, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
+        raise DropInTypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
     if mask.dtype != torch.bool and not mask.is_floating_point():
-        raise TypeError(
+        raise DropInTypeError(
             f"{name} must be boolean (True = ignore, torch's MultiheadAttention polarity) or "
             f"floating point (added to the scores), got dtype {mask.dtype}"
         )
@@ -64,7 +65,7 @@ def check_masks(
         want = (N, S) if batched else (S,)
         if _shape(key_padding_mask) != want:
             layout = "(N, S)" if batched else "(S,) for unbatched inputs"
-            raise ValueError(
+            raise DropInArgumentError(
                 f"key_padding_mask must have shape {layout} = {want}, got "
                 f"{_shape(key_padding_mask)}"
             )
@@ -73,7 +74,7 @@ def check_masks(
         wants = [(T, S), (N * H, T, S)] if batched else [(T, S), (H, T, S)]
         if _shape(attn_mask) not in wants:
             layout = "(N·H, T, S)" if batched else "(H, T, S)"
-            raise ValueError(
+            raise DropInArgumentError(
                 f"attn_mask must have shape (T, S) = {wants[0]} or {layout} = {wants[1]}, got "
                 f"{_shape(attn_mask)}"
             )
@@ -96,7 +97,7 @@ def resolve_causal(
     if not is_causal:
         return attn_mask, False
     if attn_mask is None:
-        raise ValueError(
+        raise DropInArgumentError(
             "is_causal=True is a hint that attn_mask is the causal mask, so it needs attn_mask; "
             "got attn_mask=None (build one with Transformer.generate_square_subsequent_mask)"
         )

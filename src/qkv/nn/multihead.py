@@ -4,11 +4,10 @@
     head_h = Attention(Q·W_Q,h, K·W_K,h, V·W_V,h)                  (Vaswani et al., 2017)
 
 The module owns the projections, splits heads, merges torch's masks into one SDPA mask
-(:mod:`qkv.nn.mha_masks`) and calls :func:`qkv.scaled_dot_product_attention` once: the output
-comes from a fast kernel even when weights are requested (they are rebuilt exactly from its
-log-sum-exp); with dropout in training the pre-dropout weights come from
-:func:`_attention_weights`. Same constructor, ``forward``, return values, parameters,
-``state_dict`` keys and initialisation as torch's.
+(:mod:`qkv.nn.mha_masks`) and hands the heads to the shared
+:class:`~qkv.nn.core.AttentionCore` (hook points, the fastest exact kernel, weights on request),
+so it can be captured, traced and ablated like every qkv model. Same constructor, ``forward``,
+return values, parameters, ``state_dict`` keys and initialisation as torch's.
 """
 
 from __future__ import annotations
@@ -18,33 +17,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
-from qkv.attention.sdpa import scaled_dot_product_attention
+from qkv.attention.masks import check_attn_mask
 from qkv.nn import mha_masks
+from qkv.nn.core import AttentionCore
+from qkv.nn.errors import DropInArgumentError, DropInTypeError
 
 __all__ = ["MultiheadAttention"]
 
 
 def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+        raise DropInArgumentError(f"{name} must be a positive int, got {value!r}")
     return value
 
 
-def _attention_weights(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
-) -> Tensor:
-    """Per-head weights ``(N, H, T, S)`` for the call whose output was already computed.
-
-    ``q`` ``(N, H, T, D)``, ``k`` and ``v`` ``(N, Hkv, S, D)``; ``mask`` and ``is_causal`` as
-    passed to the output call. Always without dropout: these are the attention probabilities.
-    """
-    _, weights = scaled_dot_product_attention(
-        q, k, v, mask, 0.0, is_causal, enable_gqa=q.shape[1] != k.shape[1], need_weights=True
-    )
-    return weights
-
-
-class MultiheadAttention(nn.Module):
+class MultiheadAttention(AttentionCore):
     """Multi-head attention with the interface of ``torch.nn.MultiheadAttention``.
 
     Args:
@@ -93,19 +80,19 @@ class MultiheadAttention(nn.Module):
         _positive_int("embed_dim", embed_dim)
         _positive_int("num_heads", num_heads)
         if embed_dim % num_heads:
-            raise ValueError(
+            raise DropInArgumentError(
                 f"embed_dim must be divisible by num_heads, got embed_dim={embed_dim} and "
                 f"num_heads={num_heads}"
             )
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         _positive_int("num_kv_heads", num_kv_heads)
         if num_heads % num_kv_heads:
-            raise ValueError(
+            raise DropInArgumentError(
                 f"num_kv_heads must divide num_heads, got num_kv_heads={num_kv_heads} and "
                 f"num_heads={num_heads}"
             )
         if not isinstance(dropout, (int, float)) or not 0.0 <= dropout <= 1.0:
-            raise ValueError(f"dropout must be a probability in [0, 1], got {dropout!r}")
+            raise DropInArgumentError(f"dropout must be a probability in [0, 1], got {dropout!r}")
         kw = {"device": device, "dtype": dtype}
         self.embed_dim = embed_dim
         self.kdim = _positive_int("kdim", kdim) if kdim is not None else embed_dim
@@ -192,8 +179,8 @@ class MultiheadAttention(nn.Module):
             unbatched), or ``None`` without ``need_weights``; ``S'`` counts the keys added by
             ``add_bias_kv``/``add_zero_attn``. Unlike torch, a query row that sees no key
             (e.g. all keys padding) attends to nothing: zero weights and a zero context, so
-            its output is ``out_proj.bias`` (zeros without bias), never NaN. Weights are
-            always the probabilities before dropout (torch returns them after dropout).
+            its output is ``out_proj.bias`` (zeros without bias), never NaN. In training with
+            dropout the weights are the ones applied (after dropout), as torch returns them.
 
         Raises:
             TypeError: non-tensor inputs, mixed dtypes, masks neither bool nor float.
@@ -218,26 +205,18 @@ class MultiheadAttention(nn.Module):
         q, k, v = self._project(query, key, value, self_attention)  # (N, H|Hkv, T|S, D)
         k, v = self._append_keys(k, v)  # (N, Hkv, S', D)
 
-        # 3) One mask in SDPA polarity, with the appended keys visible.
+        # 3) One mask in SDPA polarity, with the appended keys visible, checked once.
         mask = mha_masks.merge(key_padding_mask, attn_mask, N=N, H=H)
         mask = mha_masks.append_visible(mask, k.shape[2] - S)  # (N|1, H|1, T, S')
+        if mask is not None:
+            mask = check_attn_mask(mask, (N, H, T, k.shape[2]), dtype=q.dtype)
 
-        # 4) Output and weights: without dropout one call gives both (a fast kernel for the
-        #    output, exact weights rebuilt from its log-sum-exp); with dropout the weights are
-        #    the probabilities before dropout, computed on the side.
-        dropout_p = self.dropout if self.training else 0.0
-        gqa = self.num_kv_heads != H
-        weights = None
-        if need_weights and dropout_p == 0.0:
-            out, weights = scaled_dot_product_attention(
-                q, k, v, mask, 0.0, is_causal, enable_gqa=gqa, need_weights=True
-            )  # (N, H, T, D), (N, H, T, S')
-        else:
-            out = scaled_dot_product_attention(
-                q, k, v, mask, dropout_p, is_causal, enable_gqa=gqa
-            )  # (N, H, T, D)
-            if need_weights:
-                weights = _attention_weights(q, k, v, mask, is_causal)
+        # 4) The shared core: hook points, the fastest kernel, weights on request (rebuilt
+        #    exactly from the kernel's log-sum-exp; after dropout, as torch returns them).
+        out, weights = self.attend(
+            q, k, v, mask=mask, is_causal=is_causal, need_weights=need_weights,
+            dropout_p=self.dropout if self.training else 0.0, cross=not self_attention,
+        )  # (N, H, T, D), (N, H, T, S') | None
 
         # 5) Merge heads, project out, restore the caller's layout.
         out = out.transpose(1, 2).reshape(N, T, E)  # (N, T, E)
@@ -254,22 +233,22 @@ class MultiheadAttention(nn.Module):
         """Check ranks, dtypes and widths; return whether the inputs are batched (3-D)."""
         for name, x in (("query", query), ("key", key), ("value", value)):
             if not isinstance(x, Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+                raise DropInTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         layout = "(N, T, E)" if self.batch_first else "(T, N, E)"
         if query.dim() not in (2, 3):
-            raise ValueError(
+            raise DropInArgumentError(
                 f"query must be 3-D {layout} or 2-D (T, E) unbatched, got shape "
                 f"{tuple(query.shape)}"
             )
         if not (key.dim() == value.dim() == query.dim()):
-            raise ValueError(
+            raise DropInArgumentError(
                 f"key and value must have as many dimensions as query ({query.dim()}-D), got "
                 f"key {tuple(key.shape)} and value {tuple(value.shape)}"
             )
         dtype = self.out_proj.weight.dtype
         autocast = torch.is_autocast_enabled(query.device.type)  # casts inputs itself
         if not autocast and not (query.dtype == key.dtype == value.dtype == dtype):
-            raise TypeError(
+            raise DropInTypeError(
                 f"query, key and value must have the parameters' dtype {dtype}, got query "
                 f"{query.dtype}, key {key.dtype}, value {value.dtype}"
             )
@@ -278,17 +257,17 @@ class MultiheadAttention(nn.Module):
         ):
             if x.shape[-1] != width:
                 what = "embed_dim" if name == "query" else name[0] + "dim"
-                raise ValueError(
+                raise DropInArgumentError(
                     f"{name} must have last dimension {what}={width}, got shape {tuple(x.shape)}"
                 )
         if key.shape[:-1] != value.shape[:-1]:
-            raise ValueError(
+            raise DropInArgumentError(
                 "key and value must have the same length S and batch size N, got key "
                 f"{tuple(key.shape)} and value {tuple(value.shape)}"
             )
         batch_dim = 0 if self.batch_first else 1
         if query.dim() == 3 and query.shape[batch_dim] != key.shape[batch_dim]:
-            raise ValueError(
+            raise DropInArgumentError(
                 f"query and key must have the same batch size N (dimension {batch_dim} of "
                 f"{layout}), got query {tuple(query.shape)} and key {tuple(key.shape)}"
             )

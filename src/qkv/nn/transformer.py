@@ -3,10 +3,17 @@
 The stacks run deep copies of one layer in turn and apply an optional final norm; the
 ``Transformer`` is an encoder stack whose output (the *memory*) every decoder layer attends
 to (Vaswani et al., 2017, Fig. 1). Names, defaults, ``state_dict`` keys and initialisation are
-torch's. Unlike torch, the encoder never converts padded batches to nested tensors: padded
-positions are computed like real ones, so outputs at real positions equal torch's, while at
-padded positions torch's nested-tensor path (eval mode, ``batch_first``, a padding mask)
-returns zeros before the final norm and qkv returns ordinary values.
+torch's.
+
+torch's encoder has a nested-tensor path (``enable_nested_tensor``): when it takes it, padded
+positions come out as zeros (before the final norm). qkv never builds nested tensors, but it
+decides exactly as torch does whether torch *would* take that path
+(:meth:`TransformerEncoder.why_not_nested`) and then zeroes the same positions, so outputs
+equal torch's at every position, padded ones included, and a decoder reading the memory reads
+the same values.
+
+The drop-ins are not TorchScript-able (``torch.jit.script`` fails on their Python-level
+dispatch); ``torch.compile`` and ``torch.export.export`` are the supported ways to capture them.
 """
 
 from __future__ import annotations
@@ -71,18 +78,69 @@ def _clones(layer: nn.Module, num_layers: int) -> nn.ModuleList:
     return nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
 
 
+def _is_relu_or_gelu(activation: object) -> bool:
+    """torch's ``activation_relu_or_gelu`` test: ``F.relu``/``F.gelu`` or a ReLU/GELU module."""
+    return (activation is F.relu or activation is F.gelu
+            or isinstance(activation, (nn.ReLU, nn.GELU)))
+
+
+def _why_not_nested_layer(layer: nn.Module) -> str:
+    """Why torch's ``TransformerEncoder.__init__`` turns its nested path off for ``layer``.
+
+    The same checks, in the same order and words, as torch's; ``""`` when none applies.
+    """
+    if not isinstance(layer, (TransformerEncoderLayer, nn.TransformerEncoderLayer)):
+        return "encoder_layer was not TransformerEncoderLayer"
+    attn = layer.self_attn
+    if layer.norm_first:
+        return "encoder_layer.norm_first was True"
+    if not attn.batch_first:
+        return "encoder_layer.self_attn.batch_first was not True"
+    if not attn._qkv_same_embed_dim:
+        return "encoder_layer.self_attn._qkv_same_embed_dim was not True"
+    if attn.in_proj_bias is None:
+        return "encoder_layer.self_attn was passed bias=False"
+    if not _is_relu_or_gelu(layer.activation):
+        return "encoder_layer.activation_relu_or_gelu was not True"
+    if layer.norm1.eps != layer.norm2.eps:
+        return "encoder_layer.norm1.eps was not equal to encoder_layer.norm2.eps"
+    if attn.num_heads % 2 == 1:
+        return "encoder_layer.self_attn.num_heads is odd"
+    return ""
+
+
+def _keep(src_key_padding_mask: Tensor) -> Tensor:
+    """torch's ``_canonical_mask(kpm).logical_not()``: True where a bool mask is False, or where
+    a float mask is exactly 0 (any other float value counts as padding on the nested path)."""
+    if src_key_padding_mask.dtype == torch.bool:
+        return ~src_key_padding_mask
+    return src_key_padding_mask == 0
+
+
 class TransformerEncoder(nn.Module):
     """A stack of ``num_layers`` deep copies of ``encoder_layer``, then ``norm`` if given.
+
+    torch's nested-tensor path, reproduced: when ``enable_nested_tensor`` is on and torch would
+    convert the batch to a nested tensor (eval mode, ``batch_first``, post-norm, ReLU/GELU,
+    even heads, a ``src_key_padding_mask`` and no ``mask``, no gradient needed, ...: the full
+    list is :meth:`why_not_nested`), each sequence keeps its first ``L_n`` positions
+    (``L_n`` = its count of non-padding positions) and the output is zero at positions
+    ``>= L_n`` before ``norm``, as torch's ``to_padded_tensor(0.)`` gives. Real positions are
+    unchanged by this (they never see padded keys); only padded positions differ from the
+    general path, where they keep computed values. Unlike torch, qkv does not warn at
+    construction when the layer rules the nested path out.
 
     Args:
         encoder_layer: the layer to copy (a :class:`TransformerEncoderLayer` or any module
             with its ``forward`` signature); every copy starts with the same parameters.
         num_layers: number of copies, in ``self.layers``.
         norm: optional final module (usually a LayerNorm) applied to the output.
-        enable_nested_tensor: accepted for compatibility and stored; qkv never converts to
-            nested tensors (see the module docstring for what that changes at padded positions).
-        mask_check: accepted for compatibility and stored (torch uses it only on the nested
-            path).
+        enable_nested_tensor: reproduce torch's nested-tensor path (see above). The attribute
+            ``use_nested_tensor`` says whether the layer allows it, as in torch.
+        mask_check: as torch: check that the padding mask is left-aligned (padding only at
+            the end) before taking the nested path. With ``mask_check=False`` and a mask that
+            is not left-aligned, torch (and so qkv) keeps the first ``L_n`` positions of
+            each sequence, whichever positions the mask marks.
 
     Raises:
         ValueError: ``num_layers`` is not a non-negative int.
@@ -101,8 +159,61 @@ class TransformerEncoder(nn.Module):
         self.num_layers = num_layers
         self.norm = norm
         self.enable_nested_tensor = enable_nested_tensor
-        self.use_nested_tensor = False  # torch's attribute: whether the nested path is used
+        # torch's attribute: whether the layer allows the nested path.
+        self.use_nested_tensor = enable_nested_tensor and not _why_not_nested_layer(encoder_layer)
         self.mask_check = mask_check
+
+    def why_not_nested(
+        self, src: Tensor, mask: Tensor | None, src_key_padding_mask: Tensor | None
+    ) -> str:
+        """Why torch's ``TransformerEncoder.forward`` would not take its nested path here.
+
+        torch's checks in torch's order (``why_not_sparsity_fast_path``), each in torch's
+        words; ``""`` means torch would convert to nested tensors, and :meth:`forward` zeroes
+        the padded positions.
+        """
+        if not torch.backends.mha.get_fastpath_enabled():
+            return "torch.backends.mha.get_fastpath_enabled() was not True"
+        if not getattr(self, "use_nested_tensor", False) or not len(self.layers):
+            return "self.use_nested_tensor (set in init) was not True"
+        first = self.layers[0]
+        if first.training:
+            return "self.layers[0] was in training mode"
+        if src.dim() != 3:
+            return f"input not batched; expected src.dim() of 3 but got {src.dim()}"
+        if src_key_padding_mask is None:
+            return "src_key_padding_mask was None"
+        if tuple(src_key_padding_mask.shape) != tuple(src.shape[:2]):
+            return "src_key_padding_mask is not (N, S)"  # qkv's: the layers raise the error
+        if self.mask_check and torch.compiler.is_compiling():
+            return "mask_check enabled with torch.compile or torch.export"
+        if self.mask_check:
+            keep = _keep(src_key_padding_mask)  # (N, S)
+            if bool((keep[:, 1:] > keep[:, :-1]).any()):  # a real position after padding
+                return ("mask_check enabled, and src and src_key_padding_mask was not left "
+                        "aligned")
+        if src.is_nested:
+            return "NestedTensor input is not supported"
+        if mask is not None:
+            return "src_key_padding_mask and mask were both supplied"
+        if torch.is_autocast_enabled():
+            return "autocast is enabled"
+        attn = first.self_attn
+        tensor_args = (
+            src, attn.in_proj_weight, attn.in_proj_bias, attn.out_proj.weight,
+            attn.out_proj.bias, first.norm1.weight, first.norm1.bias, first.norm2.weight,
+            first.norm2.bias, first.linear1.weight, first.linear1.bias, first.linear2.weight,
+            first.linear2.bias,
+        )
+        devices = ["cpu", "cuda", "xpu", torch.utils.backend_registration._privateuse1_backend_name]
+        if torch.overrides.has_torch_function(tensor_args):
+            return "some Tensor argument has_torch_function"
+        if src.device.type not in devices:
+            return f"src device is neither one of {devices}"
+        if torch.is_grad_enabled() and any(x.requires_grad for x in tensor_args):
+            return ("grad is enabled and at least one of query or the input/output projection "
+                    "weights or biases requires_grad")
+        return ""
 
     def forward(
         self,
@@ -120,8 +231,15 @@ class TransformerEncoder(nn.Module):
             is_causal: hint that ``mask`` is causal; ``None`` detects it from ``mask``.
 
         Returns:
-            Same shape as ``src``.
+            Same shape as ``src``; zero at padded positions (before ``norm``) where torch's
+            nested path would run (see the class docstring).
         """
+        keep = None  # (N, S): the positions the nested path keeps, when torch would take it
+        if not self.why_not_nested(src, mask, src_key_padding_mask):
+            # 1) torch keeps the first L_n positions of each sequence, L_n = real positions.
+            lengths = _keep(src_key_padding_mask).sum(dim=1, keepdim=True)  # (N, 1)
+            keep = torch.arange(src.shape[1], device=src.device) < lengths  # (N, S)
+            src_key_padding_mask = ~keep  # (N, S): the same keys hidden as on the nested path
         is_causal = _is_causal_mask(mask, is_causal)
         out = src
         for layer in self.layers:
@@ -129,6 +247,9 @@ class TransformerEncoder(nn.Module):
                 out, src_mask=mask, src_key_padding_mask=src_key_padding_mask,
                 is_causal=is_causal,
             )
+        if keep is not None:
+            # 2) to_padded_tensor(0.): zeros after each sequence's kept prefix.
+            out = out.masked_fill(~keep[..., None], 0.0)  # (N, S, E)
         return out if self.norm is None else self.norm(out)
 
 
