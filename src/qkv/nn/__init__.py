@@ -1,10 +1,13 @@
-"""Modules: each owns its parameters and calls a function of :mod:`qkv.attention`."""
+"""Modules: each owns its parameters, projections and conventions; every attention module is
+an :class:`AttentionCore` (hook points, the kernel call, weights on request, written once)."""
 
 from qkv.nn.additive import BahdanauAttention, LuongAttention
 from qkv.nn.alibi import ALiBi, alibi_bias, alibi_slopes
 from qkv.nn.attention import Attention
 from qkv.nn.block import TransformerBlock
 from qkv.nn.cache import KVCache, LayerKVCache
+from qkv.nn.core import AttentionCore
+from qkv.nn.errors import DropInArgumentError, DropInTypeError
 from qkv.nn.feedforward import FeedForward, SwiGLU, make_feedforward
 from qkv.nn.heads import AttentionHead, HeadList, SelfAttention
 from qkv.nn.multihead import MultiheadAttention
@@ -26,8 +29,11 @@ from qkv.nn.transformer_layers import TransformerDecoderLayer, TransformerEncode
 __all__ = [
     "ALiBi",
     "Attention",
+    "AttentionCore",
     "AttentionHead",
     "BahdanauAttention",
+    "DropInArgumentError",
+    "DropInTypeError",
     "FeedForward",
     "HeadList",
     "KVCache",
