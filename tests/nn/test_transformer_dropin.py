@@ -247,7 +247,7 @@ def test_custom_encoder_and_decoder():
 
 
 def test_eval_matches_torch_fast_paths_on_real_positions():
-    """torch's nested-tensor encoder zeroes padded positions; real positions must agree."""
+    """torch's nested-tensor encoder zeroes padded positions, and qkv's does too (same conditions)."""
     torch.manual_seed(0)
     ref = torch.nn.Transformer(E, H, 2, 2, FF, 0.1, batch_first=True).eval()
     ours = _load(ref, qt.Transformer(E, H, 2, 2, FF, 0.1, batch_first=True))[1].eval()

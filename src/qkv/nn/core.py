@@ -36,13 +36,10 @@ __all__ = ["AttentionCore"]
 class AttentionCore(nn.Module):
     """Base of every attention module: hook points, the kernel call, weights on request.
 
-    Subclasses set ``num_heads`` (``H``) and ``num_kv_heads`` (``Hkv``) and call
+    Subclasses set the attributes ``num_heads`` (``H``) and ``num_kv_heads`` (``Hkv``) and call
     :meth:`attend` from their ``forward``. The hook points are identity modules with no
     parameters, so they add no ``state_dict`` keys.
     """
-
-    num_heads: int
-    num_kv_heads: int
 
     def __init__(self) -> None:
         super().__init__()

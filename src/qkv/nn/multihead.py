@@ -285,6 +285,10 @@ class MultiheadAttention(AttentionCore):
         """Input projections split into heads: ``(N, H, T, D)`` and ``(N, Hkv, S, D)`` twice."""
         E, KV = self.embed_dim, self.num_kv_heads * self.head_dim
         bias = self.in_proj_bias
+        if bias is not None and bias.dtype != query.dtype:
+            # torch accepts a bias of another dtype (in some layouts) and adds it in the
+            # inputs' precision; qkv does so in every layout. Its gradient keeps its dtype.
+            bias = bias.to(query.dtype)
         if self._qkv_same_embed_dim and self_attention:
             # One (3E, E) matmul instead of three when query, key and value are one tensor.
             q, k, v = F.linear(query, self.in_proj_weight, bias).split(E, dim=-1)  # (N, T, E)

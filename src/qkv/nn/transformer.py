@@ -12,8 +12,10 @@ decides exactly as torch does whether torch *would* take that path
 equal torch's at every position, padded ones included, and a decoder reading the memory reads
 the same values.
 
-The drop-ins are not TorchScript-able (``torch.jit.script`` fails on their Python-level
-dispatch); ``torch.compile`` and ``torch.export.export`` are the supported ways to capture them.
+TorchScript is not supported (``torch.jit.script`` fails on the layers, see
+:mod:`qkv.nn.transformer_layers`); ``torch.export.export`` and ``torch.compile`` are the
+supported ways to capture these modules. Under export torch's encoder does not take its nested
+path (with ``mask_check``, or parameters that need grad), and qkv decides the same way.
 """
 
 from __future__ import annotations

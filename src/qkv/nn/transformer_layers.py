@@ -11,6 +11,10 @@ Attention is :class:`qkv.nn.MultiheadAttention`. Submodule names, ``state_dict``
 initialisation are torch's, so weights load both ways; masks follow torch's polarity
 (bool True = may *not* attend; float masks are added). torch's inference fast path is not
 copied: one code path computes the same values.
+
+TorchScript is not supported: ``torch.jit.script`` fails on these modules (the sublayers are
+closures, annotations use ``X | None``, and attention dispatches in Python). Capture them with
+``torch.export.export`` (tested to equal eager) or compile them with ``torch.compile``.
 """
 
 from __future__ import annotations
