@@ -137,3 +137,22 @@ def test_view_of_a_captured_dropin_transformer(tmp_path):
     html = (tmp_path / "v.html").read_text()
     assert "decoder.layers.1.multihead_attn" in html and "encoder.layers.0.self_attn" in html
     assert page is not None
+
+
+def test_view_runs_a_dropin_transformer_itself(tmp_path):
+    ours, _ = _pair(torch.float32)
+    src, tgt = torch.randn(1, S, E), torch.randn(1, T, E)
+    with qi.capture(ours) as cap, torch.no_grad():
+        ours(src, tgt)
+    page = qi.view(ours, [f"s{i}" for i in range(S)], input_ids=src, target=tgt,
+                   target_tokens=[f"t{i}" for i in range(T)])
+    from_capture = qi.view(cap, [f"s{i}" for i in range(S)],
+                           target_tokens=[f"t{i}" for i in range(T)])
+    def layers(view):
+        return [(layer["name"], layer["kind"]) for g in view.data["groups"] for layer in g["layers"]]
+
+    assert layers(page) == layers(from_capture)
+    assert {kind for _, kind in layers(page)} == {"self", "cross"}
+    titles = [g["title"] for g in page.data["groups"]]
+    assert titles == ["encoder self-attention", "decoder self-attention",
+                      "decoder cross-attention"], titles

@@ -75,8 +75,15 @@ def stack_of(model: nn.Module, layer_name: str) -> Stack:
 
 
 def query_side(layer_name: str) -> str:
-    """``"target"`` for a decoder's layers, else ``"source"``."""
-    return "target" if layer_name.startswith("decoder_blocks.") else "source"
+    """``"target"`` for a decoder's layers (``decoder_blocks.*`` in qkv's models,
+    ``decoder.layers.*`` in the torch-style :class:`qkv.nn.Transformer`), else ``"source"``."""
+    return "target" if layer_name.startswith(("decoder_blocks.", "decoder.")) else "source"
+
+
+def _torch_style_seq2seq(model: nn.Module) -> bool:
+    """A :class:`qkv.nn.Transformer`-like model: ``encoder`` and ``decoder`` stacks, run as
+    ``model(src, tgt)``."""
+    return all(isinstance(getattr(model, n, None), nn.Module) for n in ("encoder", "decoder"))
 
 
 def key_side(layer_name: str, kind: str) -> str:
@@ -88,13 +95,16 @@ def run_model(
     model: nn.Module, inputs: Any, target: Any = None, kwargs: dict[str, Any] | None = None
 ) -> Any:
     """Run ``model`` the way its kind is run: ``model(src, tgt_in)`` for an encoder-decoder
-    (only ``model.encode(src)`` when ``target`` is None), else ``model(inputs, **kwargs)``
+    (qkv's, or the torch-style :class:`qkv.nn.Transformer`; only ``model.encode(src)`` when
+    ``target`` is None for qkv's), else ``model(inputs, **kwargs)``
     (``kwargs`` such as ``attention_mask`` and ``positions`` of a padded batch).
 
     Raises:
         ValueError: a ``target`` for a model without a decoder.
     """
     kwargs = kwargs or {}
+    if target is not None and _torch_style_seq2seq(model):
+        return model(inputs, target, **kwargs)
     if is_encoder_decoder(model):
         return model.encode(inputs, **kwargs) if target is None else model(inputs, target, **kwargs)
     if target is not None:
