@@ -21,8 +21,8 @@ __version__ = "0.1.0"
 # Subpackages load on first use (``qkv.nn``, ``qkv.inspect``, ...), so ``import qkv`` stays
 # light and optional extras are only needed by what is used.
 _SUBPACKAGES = (
-    "reference", "attention", "nn", "models", "data", "generate", "train", "pretrained",
-    "inspect",
+    "reference", "attention", "nn", "models", "data", "checkpoint", "generate", "train",
+    "pretrained", "inspect", "bench",
 )
 
 __all__ = [

@@ -1,22 +1,22 @@
-"""``qkv bench`` and the suite behind it (benchmarks/suite.py, targets.py): tiny sizes only."""
+"""``qkv bench`` and the suite behind it (qkv.bench.suite, qkv.bench.targets): tiny sizes only."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
 import qkv
+from qkv.bench import suite, targets
 from qkv.cli import bench_cmd
 from qkv.cli.app import app
 
 runner = CliRunner(env={"COLUMNS": "200", "TERMINAL_WIDTH": "200", "NO_COLOR": "1"})
-mods = bench_cmd.load_benchmarks()
-suite, targets = mods["suite"], mods["targets"]
 
 TINY = suite.BenchConfig(
     lengths=(16, 32), dtypes=("float32",), decode_lengths=(48,), alibi_length=16, threads=1,
@@ -125,14 +125,20 @@ def test_bench_command_rejects_bad_options(args, message):
     assert message in result.output
 
 
-def test_bench_without_the_benchmarks_folder_is_a_clear_error(monkeypatch, tmp_path):
+def test_bench_needs_no_source_checkout(monkeypatch, tmp_path):
+    # An installed wheel: no benchmarks/ beside the package. The suite is part of the package,
+    # so only the default output folder changes.
     fake = tmp_path / "site-packages" / "qkv" / "__init__.py"
     monkeypatch.setattr(bench_cmd.qkv, "__file__", str(fake))
-    with pytest.raises(FileNotFoundError, match="not part of an installed wheel"):
-        bench_cmd.find_benchmarks()
-    result = runner.invoke(app, ["bench", "--quick"])
-    assert result.exit_code == 2
-    assert "qkv bench needs the repository's benchmarks/ folder" in result.output
+    assert bench_cmd.default_out() == Path("bench-results")
+    assert suite.__name__ == "qkv.bench.suite" and targets.__name__ == "qkv.bench.targets"
+
+
+def test_bench_default_out_in_a_source_checkout_is_benchmarks_results():
+    repo = Path(qkv.__file__).resolve().parents[2]
+    if not (repo / "benchmarks").is_dir():
+        pytest.skip("qkv is not running from a source checkout")
+    assert bench_cmd.default_out() == repo / "benchmarks" / "results"
 
 
 def test_huge_runs_flash_in_a_subprocess_and_checks_24_gib(monkeypatch):

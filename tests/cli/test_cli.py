@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 import qkv
 from qkv.cli import DTypeName, main
 from qkv.cli.app import COMMANDS, app
+from qkv.cli.common import human_bytes
 from qkv.cli.explain_cmd import build_inputs
-from qkv.cli.tour import COST_LENGTHS, compute_tour, human_bytes
+from qkv.cli.tour import COST_LENGTHS, compute_tour
 
 # A wide terminal so that no line the tests look for is wrapped by rich.
 runner = CliRunner(env={"COLUMNS": "200", "TERMINAL_WIDTH": "200", "NO_COLOR": "1"})
@@ -182,6 +183,18 @@ def test_tour_console_script_runs_in_under_ten_seconds():
     assert proc.returncode == 0, proc.stderr
     assert "upper triangle: max |weight| = 0 (exactly zero)" in proc.stdout
     assert elapsed < 10.0, f"qkv tour took {elapsed:.1f} s"
+
+
+@pytest.mark.parametrize(("args", "status"), [(["--help"], 0), (["no-such-command"], 2),
+                                              (["explain", "--heads", "0"], 2)])
+def test_python_dash_m_qkv_is_the_qkv_command(args, status):
+    script = Path(sys.executable).parent / "qkv"
+    env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    runs = [subprocess.run(cmd + args, capture_output=True, text=True, timeout=60, env=env)
+            for cmd in ([sys.executable, "-m", "qkv"], [str(script)])]
+    module, console_script = runs
+    assert module.returncode == console_script.returncode == status, module.stderr
+    assert (module.stdout, module.stderr) == (console_script.stdout, console_script.stderr)
 
 
 def test_help_shows_an_example():

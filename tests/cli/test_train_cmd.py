@@ -10,13 +10,14 @@ import pytest
 from typer.testing import CliRunner
 
 from qkv.cli.app import app
+from qkv.cli.common import metrics_line
 from qkv.cli.eval_cmd import evaluate_checkpoint
-from qkv.cli.runs import DataSpec, find_checkpoint, load_dataset, read_toml
-from qkv.cli.train_cmd import build_train_config, metrics_line
 from qkv.data import make_task
 from qkv.generate import translate
 from qkv.models import DecoderLM, Seq2SeqTransformer
 from qkv.train import evaluate_seq2seq, load_checkpoint
+from qkv.train.runs import build_train_config, find_checkpoint
+from qkv.train.spec import DataSpec, load_dataset, read_spec_toml
 
 runner = CliRunner(env={"COLUMNS": "200", "TERMINAL_WIDTH": "200", "NO_COLOR": "1"})
 
@@ -208,7 +209,7 @@ def test_missing_config_file_and_taken_out_folder(tmp_path, copy_run):
 
 
 def test_read_toml_splits_tables(tmp_path):
-    tables = read_toml(write(tmp_path / "a.toml", TINY))
+    tables = read_spec_toml(write(tmp_path / "a.toml", TINY))
     assert tables["train"]["steps"] == 12 and tables["model"]["d_model"] == 16
     assert tables["data"] == {"n_train": 200, "n_valid": 20, "n_test": 30, "max_len": 4}
 
@@ -249,7 +250,7 @@ def corrupt(run: Path, dest: Path, how: str) -> Path:
     [
         ("truncated weights", "model.safetensors: not a readable safetensors file, truncated or corrupt"),
         ("garbage weights", "model.safetensors: not a readable safetensors file"),
-        ("bad json", "config.json: not valid JSON"),
+        ("bad json", "config.json is not valid JSON"),
         ("missing tokenizer", "tokenizer-src.json: cannot read tokenizer"),
         ("wrong shape", "has shape"),
     ],

@@ -19,10 +19,10 @@ import pytest
 import torch
 from pretrained_refs import TEXTS, hf_bert, minilm, st_minilm
 
-import qkv.nn.attention
+import qkv.nn.core
 import qkv.pretrained
 from helpers import assert_close
-from qkv.attention.sdpa import scaled_dot_product_attention
+from qkv.attention.sdpa import run_call
 from qkv.models import Encoder
 
 
@@ -64,8 +64,9 @@ def test_long_text_is_truncated_at_256_not_128():
 
 
 def test_hidden_states_and_attention_weights_equal_bert_model(monkeypatch):
-    math_sdpa = functools.partial(scaled_dot_product_attention, backend="math")
-    monkeypatch.setattr(qkv.nn.attention, "scaled_dot_product_attention", math_sdpa)
+    # Every attention module's kernel call goes through the core: force the math backend.
+    math_run = functools.partial(run_call, backend="math")
+    monkeypatch.setattr(qkv.nn.core, "run_call", math_run)
     bundle, ref = minilm(), hf_bert()
     ids, keep = bundle.tokenizer.encode_batch(TEXTS)  # (B, S) each
     weights, handles = _capture_weights(bundle.model)

@@ -3,7 +3,7 @@
 The command line needs the optional extra ``cli`` (typer and rich). :func:`main` checks for it
 before importing anything that needs it, so a bare ``pip install qkv`` gets one clear line
 instead of a traceback. The commands themselves live one per module in this package and are
-registered in :mod:`qkv.cli.app`.
+registered in :mod:`qkv.cli.app`; what they share is in :mod:`qkv.cli.common`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Sequence
-from enum import Enum
 
 __all__ = ["EXTRA_MODULES", "DTypeName", "main", "missing_extra"]
 
@@ -22,20 +21,6 @@ MISSING_EXTRA_MESSAGE = (
     "qkv: the command line needs the optional extra 'cli' (missing module {module!r}); "
     "install it with: pip install 'qkv[cli]'"
 )
-
-
-class DTypeName(str, Enum):
-    """Floating dtypes a command accepts as ``--dtype``; shared by every command."""
-
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float64 = "float64"
-
-    def to_torch(self):
-        """The matching ``torch.dtype`` (torch imported here, not at package import)."""
-        import torch
-
-        return getattr(torch, self.value)
 
 
 def missing_extra() -> str | None:
@@ -65,3 +50,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     from qkv.cli.app import app
 
     app(args=None if argv is None else list(argv), prog_name="qkv")
+
+
+def __getattr__(name: str):
+    # ``from qkv.cli import DTypeName`` without importing typer at ``import qkv.cli``.
+    if name == "DTypeName":
+        from qkv.cli.common import DTypeName
+
+        return DTypeName
+    raise AttributeError(f"module 'qkv.cli' has no attribute {name!r}")

@@ -1,17 +1,15 @@
-"""``qkv bench``: the attention benchmark suite of the repository's ``benchmarks/`` folder.
+"""``qkv bench``: the attention benchmark suite (:mod:`qkv.bench`), from a checkout or a wheel.
 
-The measurements live in ``benchmarks/suite.py`` (plain functions returning records), the
-target checklist in ``benchmarks/targets.py``; this command parses options, runs them,
-prints and saves. ``benchmarks/`` is part of the source tree, not of the installed package:
-the command finds it beside ``src/`` and says so clearly when it is not there.
+The measurements live in :mod:`qkv.bench.suite` (plain functions returning records), the target
+checklist in :mod:`qkv.bench.targets`; this command parses options, runs them, prints
+(:mod:`qkv.cli.bench_report`) and saves. Results go to ``--out``; by default to the
+repository's ``benchmarks/results`` when qkv runs from a source checkout, else to
+``./bench-results``.
 """
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Annotated
 
 import torch
@@ -19,40 +17,19 @@ import typer
 from rich.console import Console
 
 import qkv
+from qkv.cli.common import fail
 
-__all__ = ["command", "find_benchmarks", "load_benchmarks", "parse_dtypes", "parse_ints"]
+__all__ = ["command", "default_out", "parse_dtypes", "parse_ints"]
 
 NAME = "bench"
 DTYPES = ("float32", "bfloat16", "float64")
 
 
-def find_benchmarks() -> Path:
-    """The repository's ``benchmarks/`` folder (``src/qkv/../../benchmarks``).
-
-    Raises:
-        FileNotFoundError: qkv is not running from a source checkout (an installed wheel).
-    """
+def default_out() -> Path:
+    """Where results go without ``--out``: ``benchmarks/results`` of the source checkout qkv
+    runs from (``src/qkv/../../benchmarks``), else ``./bench-results`` (an installed wheel)."""
     folder = Path(qkv.__file__).resolve().parents[2] / "benchmarks"
-    if not (folder / "suite.py").is_file():
-        raise FileNotFoundError(
-            f"qkv bench needs the repository's benchmarks/ folder, looked for {folder}; it "
-            "is not part of an installed wheel: clone the repository and install it with "
-            "`pip install -e '.[cli,plots]'`"
-        )
-    return folder
-
-
-def load_benchmarks() -> dict[str, ModuleType]:
-    """Import ``common``, ``suite``, ``targets``, ``report`` and ``plot`` from ``benchmarks/``.
-
-    Raises:
-        FileNotFoundError: as :func:`find_benchmarks`.
-    """
-    folder = str(find_benchmarks())
-    if folder not in sys.path:
-        sys.path.insert(0, folder)  # the scripts import each other as top-level modules
-    names = ("common", "suite", "targets", "report", "plot")
-    return {name: importlib.import_module(name) for name in names}
+    return folder / "results" if folder.is_dir() else Path("bench-results")
 
 
 def parse_ints(text: str, option: str) -> tuple[int, ...]:
@@ -106,7 +83,8 @@ def command(
     ] = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="Folder for the JSON and the PNG plot "
-                                  "(default: benchmarks/results).")
+                                  "(default: benchmarks/results in a source checkout, "
+                                  "else ./bench-results).")
     ] = None,
     no_memory: Annotated[
         bool, typer.Option("--no-memory", help="Skip the peak-memory subprocesses.")
@@ -127,10 +105,13 @@ def command(
     """
     # Wide enough for the result tables even when the output is not a terminal.
     console = Console(highlight=False, width=max(Console().width, 160))
-    err = Console(stderr=True, highlight=False)
+    from qkv.bench import suite
+    from qkv.bench.measure import machine_info
+    from qkv.bench.plot import plot
+    from qkv.bench.targets import check_targets
+    from qkv.cli.bench_report import print_report, write_json
+
     try:
-        mods = load_benchmarks()
-        suite = mods["suite"]
         config = suite.QUICK if quick else suite.BenchConfig()
         changes: dict = {"memory": not no_memory, "huge": huge,
                          "threads": threads if threads is not None else torch.get_num_threads()}
@@ -151,19 +132,18 @@ def command(
         if changes["threads"] < 1:
             raise ValueError(f"--threads must be >= 1, got {changes['threads']}")
         config = suite.BenchConfig(**{**suite.config_dict(config), **changes})
-    except (ValueError, FileNotFoundError) as e:
-        err.print(f"[red]error:[/red] {e}", markup=True)
-        raise typer.Exit(2) from None
+    except ValueError as e:
+        raise fail(e) from None
 
     records = suite.run_suite(config, progress=lambda line: console.print(line, markup=False))
-    header = {**suite.config_dict(config), **mods["common"].machine_info(), "quick": quick}
+    header = {**suite.config_dict(config), **machine_info(), "quick": quick}
     header["threads"] = config.threads
-    targets = mods["targets"].check_targets(records, quick=quick)
-    mods["report"].print_report(console, header, records, targets)
-    folder = out if out is not None else find_benchmarks() / "results"
+    targets = check_targets(records, quick=quick)
+    print_report(console, header, records, targets)
+    folder = out if out is not None else default_out()
     stem = "bench-quick" if quick else "bench"
-    path = mods["report"].write_json(folder / f"{stem}.json", header, records, targets)
+    path = write_json(folder / f"{stem}.json", header, records, targets)
     console.print(f"wrote {path}", markup=False)
-    png = mods["plot"].plot(records, folder / f"{stem}.png")
+    png = plot(records, folder / f"{stem}.png")
     if png is not None:
         console.print(f"wrote {png}", markup=False)

@@ -22,8 +22,7 @@ from typing import Annotated, Any, TextIO
 import typer
 from rich.console import Console
 
-from qkv.cli.generate_cmd import fail
-from qkv.cli.options import Seed, Temperature, TopK, TopP
+from qkv.cli.common import Seed, Temperature, TopK, TopP, fail
 
 __all__ = ["Conversation", "command", "run_chat"]
 

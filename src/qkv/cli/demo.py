@@ -17,10 +17,11 @@ import torch
 import typer
 from rich.console import Console
 
-from qkv.cli.runs import DATA_FILE, DataSpec, fail
+from qkv.cli.common import fail
 from qkv.data import CharTokenizer
 from qkv.data.dates import CASES, DATE_FORMATS
 from qkv.models import Seq2SeqTransformer
+from qkv.train.spec import DATA_FILE, DataSpec
 
 __all__ = ["GOAL", "attention_pictures", "command", "token_labels"]
 

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 from torch import Tensor
 
-from qkv.cli.generate_cmd import fail
+from qkv.cli.common import fail
 
 __all__ = ["command", "print_table", "short"]
 

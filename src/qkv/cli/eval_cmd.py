@@ -13,7 +13,9 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from qkv.cli.runs import DataSpec, fail, load_dataset, load_run, seq2seq_parts
+from qkv.cli.common import fail, metrics_line
+from qkv.train.runs import load_run, seq2seq_parts
+from qkv.train.spec import DataSpec, load_dataset
 
 __all__ = ["command", "evaluate_checkpoint"]
 
@@ -111,8 +113,6 @@ def command(
 
     [bold]Example:[/bold] qkv eval runs/dates
     """
-    from qkv.cli.train_cmd import metrics_line
-
     try:
         metrics, what = evaluate_checkpoint(checkpoint, task=task, pairs=pairs, text=text,
                                             split=split, seed=seed, beam=beam)  # fmt: skip

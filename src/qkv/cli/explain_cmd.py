@@ -13,8 +13,7 @@ import typer
 from rich.console import Console
 
 import qkv
-from qkv.cli import DTypeName
-from qkv.cli.tour import human_bytes
+from qkv.cli.common import DTypeName, fail, human_bytes
 
 __all__ = ["build_inputs", "command"]
 
@@ -84,8 +83,7 @@ def command(
             backend=backend,
         )
     except (ValueError, TypeError) as err:
-        Console(stderr=True, highlight=False).print(f"[red]error:[/red] {err}", markup=True)
-        raise typer.Exit(2) from None
+        raise fail(err) from None
     console.print(str(explanation), markup=False)
     size = torch.finfo(torch_dtype).bits // 8
     console.print(

@@ -19,22 +19,20 @@ text only, one block per prompt) on stdout.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
-from qkv.cli.options import Seed, Temperature, TopK, TopP
+from qkv.checkpoint import is_qkv_checkpoint
+from qkv.cli.common import Seed, Temperature, TopK, TopP, fail
 
 __all__ = [
     "Source",
     "command",
     "decoding_options",
-    "fail",
     "generate_from_bundle",
     "generate_from_checkpoint",
     "resolve_source",
@@ -42,14 +40,6 @@ __all__ = [
 
 NAME = "generate"
 DECODER_DEFAULT_TOKENS = 64  # --max-new-tokens for language models when not given
-
-
-def fail(message: object) -> typer.Exit:
-    """Print ``error: message`` as one line on stderr; return the exit (status 2) to raise."""
-    Console(stderr=True, highlight=False, soft_wrap=True).print(
-        f"[red]error:[/red] {escape(str(message))}", markup=True
-    )
-    return typer.Exit(2)
 
 
 @dataclass(frozen=True)
@@ -60,14 +50,6 @@ class Source:
     kind: str
     location: str
     note: str = ""
-
-
-def _is_qkv_checkpoint(folder: Path) -> bool:
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and config.get("format") == "qkv.checkpoint"
 
 
 def resolve_source(checkpoint: str | None, model: str | None) -> Source:
@@ -93,10 +75,10 @@ def resolve_source(checkpoint: str | None, model: str | None) -> Source:
     assert given is not None
     path = Path(given).expanduser()
     if path.is_dir():
-        if _is_qkv_checkpoint(path):
+        if is_qkv_checkpoint(path):
             return Source("checkpoint", str(path))
         for sub in ("best", "last"):
-            if _is_qkv_checkpoint(path / sub):
+            if is_qkv_checkpoint(path / sub):
                 return Source("checkpoint", str(path / sub), f"using {path / sub}")
     if checkpoint is not None and not path.exists():
         known = {n.lower() for n in known_names()}
@@ -135,7 +117,7 @@ def generate_from_checkpoint(
     """Decode ``prompts`` with a qkv checkpoint's model and tokenizers.
 
     Args:
-        path: a checkpoint folder (see :func:`qkv.train.checkpoint.load_checkpoint`).
+        path: a checkpoint folder (see :func:`qkv.checkpoint.load_checkpoint`).
         prompts: ``B`` strings: prompts for a DecoderLM, sources for a Seq2SeqTransformer.
         max_new_tokens: per prompt; None = 64 for a DecoderLM, ``2 * source length + 10`` for
             a Seq2SeqTransformer (both capped by the model's ``max_len``).
@@ -150,9 +132,9 @@ def generate_from_checkpoint(
         qkv.train.CheckpointError (a ValueError): unreadable checkpoint.
         ValueError: a model that does not generate text, a missing tokenizer, bad options.
     """
+    from qkv.checkpoint import load_checkpoint
     from qkv.generate import complete, translate
     from qkv.models import DecoderLM, Seq2SeqTransformer
-    from qkv.train.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(path)
     model, toks = ckpt.model.eval(), ckpt.tokenizers

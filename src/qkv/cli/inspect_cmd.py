@@ -1,6 +1,6 @@
 """``qkv inspect``: attention pictures, a token's journey and the viewer for one input text.
 
-The model is a qkv checkpoint folder (:func:`qkv.train.checkpoint.load_checkpoint`, any of
+The model is a qkv checkpoint folder (:func:`qkv.checkpoint.load_checkpoint`, any of
 the four model classes) or anything :func:`qkv.pretrained.load` accepts (a packaged name, a
 Hugging Face-format folder, a ``.gguf`` file). The files come from
 :func:`qkv.inspect.write_report`.
@@ -8,7 +8,6 @@ Hugging Face-format folder, a ``.gguf`` file). The files come from
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,6 +15,9 @@ from typing import Annotated, Any
 import torch
 import typer
 from rich.console import Console
+
+from qkv.checkpoint import is_qkv_checkpoint, load_checkpoint
+from qkv.cli.common import fail
 
 __all__ = ["Prepared", "command", "load_model", "prepare_inputs"]
 
@@ -34,14 +36,6 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
 
 
-def _is_qkv_checkpoint(path: Path) -> bool:
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and config.get("format") == "qkv.checkpoint"
-
-
 def load_model(name: str) -> tuple[torch.nn.Module, Any, Any]:
     """``(model in eval mode, source tokenizer, target tokenizer or None)`` for ``name``.
 
@@ -50,9 +44,7 @@ def load_model(name: str) -> tuple[torch.nn.Module, Any, Any]:
             is missing).
     """
     path = Path(name).expanduser()
-    if path.is_dir() and _is_qkv_checkpoint(path):
-        from qkv.train.checkpoint import load_checkpoint
-
+    if path.is_dir() and is_qkv_checkpoint(path):
         ck = load_checkpoint(path)
         toks = ck.tokenizers
         src = toks.get("src") or toks.get("text") or next(iter(toks.values()), None)
@@ -152,8 +144,7 @@ def command(
                 target_tokens=p.target_tokens, title=f"{model}: {text[:60]}",
             )
     except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(code=2) from None
+        raise fail(e) from None
     for note in p.notes:
         console.print(f"note: {note}")
     console.print(f"{len(p.tokens)} tokens: {' '.join(p.tokens[:24])}" +

@@ -20,7 +20,7 @@ from rich.table import Column, Table
 from torch import Tensor
 
 import qkv
-from qkv.cli import DTypeName
+from qkv.cli.common import DTypeName, human_bytes
 
 __all__ = ["COST_LENGTHS", "Tour", "command", "compute_tour", "print_tour"]
 
@@ -200,15 +200,6 @@ def compute_tour(seed: int = 0, dtype: torch.dtype = torch.float32) -> Tour:
         explain_fast=explain_fast,
         explain_weights=explain_weights,
     )
-
-
-def human_bytes(n: int) -> str:
-    """``n`` bytes in binary units: ``1 MiB``, ``4 GiB``, ``512 KiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:g} {unit}" if unit == "B" else f"{n:.4g} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def _shape(shape: tuple[int, ...]) -> str:

@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from qkv.cli.runs import fail, load_run, seq2seq_parts
+from qkv.cli.common import fail
+from qkv.train.runs import load_run, seq2seq_parts
 
 __all__ = ["command", "translate_texts"]
 

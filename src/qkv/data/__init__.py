@@ -1,14 +1,18 @@
 """Data for training and trying qkv models: tokenizers, synthetic tasks, corpora, batching.
 
-* :mod:`~qkv.data.tokenizers`: the :class:`Tokenizer` protocol, :class:`CharTokenizer`,
-  :class:`ByteTokenizer`, :func:`load_tokenizer`; every tokenizer has PAD=0, BOS=1, EOS=2,
-  UNK=3. :mod:`~qkv.data.subword`: :class:`BPETokenizer`, :class:`WordPieceTokenizer`
-  (need ``pip install 'qkv[tokenizers]'``).
+* :mod:`~qkv.data.tokenizers`: :class:`CharTokenizer`, :class:`ByteTokenizer`,
+  :func:`load_tokenizer`; every tokenizer has PAD=0, BOS=1, EOS=2, UNK=3 (the ids and the
+  :class:`Tokenizer` protocol live in :mod:`~qkv.data.tokenizer_base`).
+  :mod:`~qkv.data.subword`: :class:`BPETokenizer`, :class:`WordPieceTokenizer` (need
+  ``pip install 'qkv[tokenizers]'``).
 * :mod:`~qkv.data.tasks`: :func:`make_task` for copy, reverse, sort, addition and date
   normalisation (:mod:`~qkv.data.dates`), seeded, with disjoint splits.
 * :mod:`~qkv.data.text`: :func:`load_text`, :func:`stdlib_corpus`, :func:`train_valid_split`.
 * :mod:`~qkv.data.parallel`: :func:`load_pairs_tsv`, :func:`gettext_pairs`.
-* :mod:`~qkv.data.batching`: :func:`encode_pairs`, :func:`bucket_batches`, :func:`lm_batches`.
+* :mod:`~qkv.data.batching`: :func:`encode_pairs`, :func:`bucket_batches`, :func:`lm_batches`,
+  :func:`pad_rows`.
+* :mod:`~qkv.data.files`: :func:`~qkv.data.files.read_json`, :func:`~qkv.data.files.read_toml`
+  (one reader each, errors naming the file).
 
 Corpora are read from the machine at run time and never stored in the repository.
 """
@@ -21,6 +25,7 @@ from qkv.data.batching import (
     collate,
     encode_pairs,
     lm_batches,
+    pad_rows,
 )
 from qkv.data.parallel import gettext_catalogues, gettext_pairs, load_pairs_tsv
 from qkv.data.subword import BPETokenizer, WordPieceTokenizer
@@ -66,6 +71,7 @@ __all__ = [
     "load_text",
     "load_tokenizer",
     "make_task",
+    "pad_rows",
     "stdlib_corpus",
     "train_valid_split",
 ]

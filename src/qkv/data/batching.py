@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from qkv.attention.masks import padding_from_ids
-from qkv.data.tokenizers import PAD_ID, Tokenizer
+from qkv.checks import positive_int
+from qkv.data.tokenizer_base import PAD_ID, Tokenizer
 
 __all__ = [
     "Example",
@@ -29,6 +29,7 @@ __all__ = [
     "collate",
     "encode_pairs",
     "lm_batches",
+    "pad_rows",
 ]
 
 
@@ -117,11 +118,33 @@ def encode_pairs(
     return examples
 
 
-def _pad(rows: Sequence[Sequence[int]], pad_id: int) -> Tensor:
-    out = torch.full((len(rows), max(len(r) for r in rows)), pad_id, dtype=torch.long)  # (B, L)
+def pad_rows(
+    rows: Sequence[Sequence[int]], pad_id: int = PAD_ID, *, min_len: int = 0
+) -> tuple[Tensor, Tensor]:
+    """Right-pad rows of token ids into one tensor, with the keep mask of the real tokens.
+
+    Args:
+        rows: ``B`` lists of ids (empty ones allowed).
+        pad_id: the id written into padded positions.
+        min_len: the least width ``S`` (``1`` keeps an all-empty batch one column wide).
+
+    Returns:
+        ``(ids (B, S) long, keep (B, S) bool)`` with ``S = max(min_len, longest row)``;
+        ``keep`` is True on real tokens and False on padding.
+    """
+    S = max(min_len, *(len(r) for r in rows)) if rows else min_len
+    ids = torch.full((len(rows), S), pad_id, dtype=torch.long)  # (B, S)
+    keep = torch.zeros((len(rows), S), dtype=torch.bool)  # (B, S)
     for b, row in enumerate(rows):
-        out[b, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return out
+        ids[b, : len(row)] = torch.tensor(list(row), dtype=torch.long)
+        keep[b, : len(row)] = True
+    return ids, keep
+
+
+def _keep_mask(ids: Tensor, pad_id: int) -> Tensor:
+    """SDPA keep mask ``(B, 1, 1, S)`` of the positions of ``ids (B, S)`` that are not padding
+    (what :func:`qkv.attention.masks.padding_from_ids` builds; data needs only torch)."""
+    return (ids != pad_id)[:, None, None, :]  # (B, 1, 1, S)
 
 
 def collate(
@@ -148,8 +171,8 @@ def collate(
                 f"example {i} must have >= 1 source and >= 2 target ids (BOS, EOS), got "
                 f"{len(ex.src)} and {len(ex.tgt)}"
             )
-    src = _pad([ex.src for ex in examples], pad_id)  # (B, S)
-    tgt = _pad([ex.tgt for ex in examples], pad_id)  # (B, T + 1)
+    src, _ = pad_rows([ex.src for ex in examples], pad_id)  # (B, S)
+    tgt, _ = pad_rows([ex.tgt for ex in examples], pad_id)  # (B, T + 1)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]  # (B, T) each
     # The last real target token (EOS) is never an input, so tgt_in's real length is len - 1.
     tgt_lengths = torch.tensor([len(ex.tgt) - 1 for ex in examples])  # (B,)
@@ -159,17 +182,12 @@ def collate(
         src=src,
         tgt_in=tgt_in,
         tgt_out=tgt_out,
-        src_mask=padding_from_ids(src, pad_id),  # (B, 1, 1, S)
-        tgt_mask=padding_from_ids(tgt_in, pad_id),  # (B, 1, 1, T)
+        src_mask=_keep_mask(src, pad_id),  # (B, 1, 1, S)
+        tgt_mask=_keep_mask(tgt_in, pad_id),  # (B, 1, 1, T)
         src_lengths=torch.tensor([len(ex.src) for ex in examples]),
         tgt_lengths=tgt_lengths,
         indices=torch.tensor(indices),
     )
-
-
-def _check_positive(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def bucket_batches(
@@ -213,9 +231,9 @@ def bucket_batches(
             f"batch_tokens={batch_tokens!r}"
         )
     if batch_tokens is None:
-        _check_positive("batch_size", batch_size)
+        positive_int("batch_size", batch_size)
     else:
-        _check_positive("batch_tokens", batch_tokens)
+        positive_int("batch_tokens", batch_tokens)
     rng = random.Random(seed)
     order = list(range(len(examples)))
     if shuffle:
@@ -275,15 +293,15 @@ def lm_batches(
             f"ids must be a 1-D integer stream (N,), got shape {tuple(stream.shape)} and "
             f"dtype {stream.dtype}"
         )
-    _check_positive("block_size", block_size)
-    _check_positive("batch_size", batch_size)
+    positive_int("block_size", block_size)
+    positive_int("batch_size", batch_size)
     if stream.numel() < block_size + 1:
         raise ValueError(
             f"ids must hold at least block_size + 1 = {block_size + 1} tokens, got {stream.numel()}"
         )
     if num_batches is None:
         num_batches = max(1, (stream.numel() - 1) // (batch_size * block_size))
-    _check_positive("num_batches", num_batches)
+    positive_int("num_batches", num_batches)
     return _windows(stream.long(), block_size, batch_size, seed, num_batches)
 
 

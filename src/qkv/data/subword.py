@@ -1,11 +1,11 @@
 """Trained subword tokenizers, BPE and WordPiece, through the Hugging Face ``tokenizers`` library.
 
 The library is an optional extra (``pip install 'qkv[tokenizers]'``), imported only when one of
-these classes is trained or loaded. Both classes speak the :class:`~qkv.data.tokenizers.Tokenizer`
-protocol and register qkv's four special tokens first, so ``<pad>``, ``<bos>``, ``<eos>``,
-``<unk>`` have ids 0, 1, 2, 3 as everywhere else. ``save`` writes the library's own
-``tokenizer.json``, which any ``tokenizers`` user can read; :func:`qkv.data.load_tokenizer`
-reads it back.
+these classes is trained or loaded. Both classes speak the
+:class:`~qkv.data.tokenizer_base.Tokenizer` protocol and register qkv's four special tokens
+first, so ``<pad>``, ``<bos>``, ``<eos>``, ``<unk>`` have ids 0, 1, 2, 3 as everywhere else.
+``save`` writes the library's own ``tokenizer.json``, which any ``tokenizers`` user can read;
+:func:`qkv.data.load_tokenizer` reads it back.
 
 * :class:`BPETokenizer` is byte-level BPE (GPT-2 style): every byte is in the base alphabet,
   so encoding never needs UNK and decoding gives back the exact text.
@@ -23,13 +23,13 @@ from typing import Any
 
 import torch
 
-from qkv.data.tokenizers import (
+from qkv.data.tokenizer_base import (
     BOS_ID,
     EOS_ID,
     NUM_SPECIAL,
     PAD_ID,
     SPECIAL_TOKENS,
-    _SpecialIds,
+    SpecialIds,
     as_id_list,
     check_text,
     frame,
@@ -70,7 +70,7 @@ def _texts(texts_or_files: TextsOrFiles) -> Iterator[str]:
             )
 
 
-class _LibraryTokenizer(_SpecialIds):
+class _LibraryTokenizer(SpecialIds):
     """Shared encode/decode/save/load over a ``tokenizers.Tokenizer`` (``backend``)."""
 
     model_type = ""  # the "model.type" of tokenizer.json this class reads

@@ -26,9 +26,26 @@ import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 import torch
+
+from qkv.data.files import read_json
+from qkv.data.subword import BPETokenizer, WordPieceTokenizer
+from qkv.data.tokenizer_base import (
+    BOS_ID,
+    EOS_ID,
+    FORMAT_KEY,
+    NUM_SPECIAL,
+    PAD_ID,
+    SPECIAL_TOKENS,
+    UNK_ID,
+    SpecialIds,
+    Tokenizer,
+    as_id_list,
+    check_text,
+    frame,
+    json_path,
+)
 
 __all__ = [
     "BOS_ID",
@@ -42,89 +59,8 @@ __all__ = [
     "load_tokenizer",
 ]
 
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
-SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # index = id
-NUM_SPECIAL = len(SPECIAL_TOKENS)
-FORMAT_KEY = "qkv_tokenizer"  # marks qkv's own JSON files (char, byte) apart from tokenizer.json
 
-
-@runtime_checkable
-class Tokenizer(Protocol):
-    """What every qkv tokenizer offers: text <-> ids with the four shared special ids."""
-
-    vocab_size: int
-    pad_id: int
-    bos_id: int
-    eos_id: int
-    unk_id: int
-
-    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
-        """Token ids of ``text``, optionally framed by BOS and EOS."""
-        ...
-
-    def decode(self, ids: Sequence[int] | torch.Tensor, *, skip_special: bool = True) -> str:
-        """Text of ``ids (T,)``; PAD/BOS/EOS dropped when ``skip_special``."""
-        ...
-
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the tokenizer as JSON to ``path`` (a file, or a folder for ``tokenizer.json``)."""
-        ...
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> Tokenizer:
-        """Read a tokenizer of this class back from what :meth:`save` wrote."""
-        ...
-
-
-def as_id_list(ids: Sequence[int] | torch.Tensor, vocab_size: int) -> list[int]:
-    """Validate ``ids`` (a sequence of ints or a 1-D integer tensor) against ``vocab_size``.
-
-    Raises:
-        TypeError: a tensor that is not integer, or elements that are not ints.
-        ValueError: a tensor that is not 1-D, or an id outside ``[0, vocab_size)``.
-    """
-    if isinstance(ids, torch.Tensor):
-        if ids.dim() != 1:
-            raise ValueError(f"ids must be a 1-D tensor (T,), got shape {tuple(ids.shape)}")
-        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-            raise TypeError(f"ids must be an integer tensor, got dtype {ids.dtype}")
-        ids = ids.tolist()
-    out = list(ids)
-    for i in out:
-        if not isinstance(i, int) or isinstance(i, bool):
-            raise TypeError(f"ids must be ints, got {type(i).__name__} {i!r}")
-        if not 0 <= i < vocab_size:
-            raise ValueError(f"ids must lie in [0, vocab_size={vocab_size}), got {i}")
-    return out
-
-
-def frame(ids: list[int], add_bos: bool, add_eos: bool) -> list[int]:
-    """``ids`` with BOS prepended and/or EOS appended."""
-    return [BOS_ID] * add_bos + ids + [EOS_ID] * add_eos
-
-
-def json_path(path: str | os.PathLike) -> Path:
-    """The file to write: ``path`` itself, or ``path/tokenizer.json`` for a folder."""
-    p = Path(path)
-    return p / "tokenizer.json" if p.is_dir() else p
-
-
-def check_text(text: object) -> str:
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}")
-    return text
-
-
-class _SpecialIds:
-    """The four shared special ids as attributes (mixed into every tokenizer)."""
-
-    pad_id = PAD_ID
-    bos_id = BOS_ID
-    eos_id = EOS_ID
-    unk_id = UNK_ID
-
-
-class CharTokenizer(_SpecialIds):
+class CharTokenizer(SpecialIds):
     """Character-level tokenizer: one id per character seen in a corpus.
 
     Ids 0-3 are the specials; characters follow in sorted order, so fitting the same corpus
@@ -204,7 +140,7 @@ class CharTokenizer(_SpecialIds):
         return f"CharTokenizer(vocab_size={self.vocab_size})"
 
 
-class ByteTokenizer(_SpecialIds):
+class ByteTokenizer(SpecialIds):
     """Lossless UTF-8 byte tokenizer: byte ``b`` has id ``b + 4``; vocabulary 260.
 
     Any text round-trips exactly (emoji, CJK, control characters). Decoding a byte sequence
@@ -250,16 +186,7 @@ class ByteTokenizer(_SpecialIds):
 
 
 def _read_json(path: str | os.PathLike) -> dict:
-    file = json_path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"no tokenizer file at {file}")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{file} is not valid JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{file} must hold a JSON object, got {type(data).__name__}")
-    return data
+    return read_json(json_path(path), what="tokenizer file")
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
@@ -285,8 +212,6 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
         return ByteTokenizer()
     model_type = data.get("model", {}).get("type") if isinstance(data.get("model"), dict) else None
     if kind is None and model_type in ("BPE", "WordPiece"):
-        from qkv.data.subword import BPETokenizer, WordPieceTokenizer
-
         cls = BPETokenizer if model_type == "BPE" else WordPieceTokenizer
         return cls.load(path)
     raise ValueError(

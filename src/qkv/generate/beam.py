@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from qkv.checks import positive_int
 from qkv.generate.search import _ids
 from qkv.generate.session import Inputs, make_session
 
@@ -64,9 +65,8 @@ def beam_search(
         ValueError: ``beam_size`` or ``num_return`` not a positive int, ``num_return >
             beam_size``, ``alpha < 0``, and as :func:`~qkv.generate.greedy`.
     """
-    for name, v in (("beam_size", beam_size), ("num_return", num_return)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    positive_int("beam_size", beam_size)
+    positive_int("num_return", num_return)
     if num_return > beam_size:
         raise ValueError(f"num_return={num_return} must be <= beam_size={beam_size}")
     if not isinstance(alpha, int | float) or alpha < 0:

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from qkv.checks import is_int, positive_int
+
 __all__ = [
     "DecoderSession",
     "Seq2SeqSession",
@@ -52,7 +54,7 @@ def is_seq2seq(model: nn.Module) -> bool:
 def special_id(model: nn.Module, name: str, given: int | None) -> int | None:
     """``given``, else ``model.config.<name>`` (e.g. ``eos_id``), else None."""
     if given is not None:
-        if not isinstance(given, int) or isinstance(given, bool) or given < 0:
+        if not is_int(given) or given < 0:
             raise ValueError(f"{name} must be a non-negative int or None, got {given!r}")
         return given
     return getattr(getattr(model, "config", None), name, None)
@@ -75,7 +77,7 @@ def _rows(inputs: Inputs, what: str) -> list[list[int]]:
             row = row.tolist()
         if isinstance(row, str) or not isinstance(row, Sequence):
             raise ValueError(f"{what}[{i}] must be a list of token ids, got {row!r:.80}")
-        if any(not isinstance(t, int) or isinstance(t, bool) for t in row):
+        if any(not is_int(t) for t in row):
             raise ValueError(f"{what}[{i}] must hold ints, got {list(row)!r:.80}")
         rows.append(list(row))
     return rows
@@ -239,9 +241,7 @@ def make_session(
     Raises:
         TypeError: a model of neither kind; ValueError: as the sessions.
     """
-    n = max_new_tokens
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    positive_int("max_new_tokens", max_new_tokens)
     if is_seq2seq(model):
         return Seq2SeqSession(model, inputs, max_new_tokens, 0 if pad_id is None else pad_id,
                               bos_id)  # fmt: skip

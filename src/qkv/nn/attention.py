@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.attention import masks
+from qkv.checks import positive_int
 from qkv.nn.alibi import alibi_bias, alibi_slopes
 from qkv.nn.cache import LayerKVCache
 from qkv.nn.core import AttentionCore
@@ -35,11 +36,6 @@ from qkv.nn.rope import RotaryEmbedding
 
 __all__ = ["Attention"]
 
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def _shape(t: Tensor) -> str:
@@ -87,9 +83,9 @@ class Attention(AttentionCore):
         alibi_symmetric: bool = False,
     ) -> None:
         super().__init__()
-        self.d_model = _positive_int("d_model", d_model)
-        self.num_heads = _positive_int("num_heads", num_heads)
-        self.num_kv_heads = _positive_int(
+        self.d_model = positive_int("d_model", d_model)
+        self.num_heads = positive_int("num_heads", num_heads)
+        self.num_kv_heads = positive_int(
             "num_kv_heads", num_heads if num_kv_heads is None else num_kv_heads
         )
         if num_heads % self.num_kv_heads:
@@ -102,8 +98,8 @@ class Attention(AttentionCore):
                 f"d_model ({d_model}) must be divisible by num_heads ({num_heads}), or give "
                 "d_head explicitly"
             )
-        self.d_head = _positive_int("d_head", d_model // num_heads if d_head is None else d_head)
-        self.d_context = _positive_int("d_context", d_model if d_context is None else d_context)
+        self.d_head = positive_int("d_head", d_model // num_heads if d_head is None else d_head)
+        self.d_context = positive_int("d_context", d_model if d_context is None else d_context)
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not (
             0.0 <= dropout < 1.0
         ):

@@ -18,16 +18,12 @@ from torch import Tensor, nn
 
 from qkv.attention import masks
 from qkv.attention.masks import check_attn_mask
+from qkv.checks import positive_int
 from qkv.nn.attention import Attention
 from qkv.nn.core import AttentionCore
 
 __all__ = ["AttentionHead", "HeadList", "SelfAttention"]
 
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def _check_input(name: str, t: object, width: int, weight: Tensor) -> Tensor:
@@ -87,10 +83,10 @@ class AttentionHead(_SingleHead):
         bias: bool = False,
     ) -> None:
         super().__init__()
-        self.d_model = _positive_int("d_model", d_model)
-        self.d_head = _positive_int("d_head", d_head)
+        self.d_model = positive_int("d_model", d_model)
+        self.d_head = positive_int("d_head", d_head)
         self.causal = bool(causal)
-        self.max_len = None if max_len is None else _positive_int("max_len", max_len)
+        self.max_len = None if max_len is None else positive_int("max_len", max_len)
         self.query = nn.Linear(d_model, d_head, bias=bias)
         self.key = nn.Linear(d_model, d_head, bias=bias)
         self.value = nn.Linear(d_model, d_head, bias=bias)
@@ -162,8 +158,8 @@ class SelfAttention(_SingleHead):
 
     def __init__(self, d_model: int, *, d_head: int | None = None, bias: bool = False) -> None:
         super().__init__()
-        self.d_model = _positive_int("d_model", d_model)
-        self.d_head = _positive_int("d_head", d_model if d_head is None else d_head)
+        self.d_model = positive_int("d_model", d_model)
+        self.d_head = positive_int("d_head", d_model if d_head is None else d_head)
         self.q_proj = nn.Linear(d_model, self.d_head, bias=bias)
         self.k_proj = nn.Linear(d_model, self.d_head, bias=bias)
         self.v_proj = nn.Linear(d_model, self.d_head, bias=bias)
@@ -214,8 +210,8 @@ class HeadList(nn.Module):
         self, d_model: int, num_heads: int, *, causal: bool = False, bias: bool = True
     ) -> None:
         super().__init__()
-        self.d_model = _positive_int("d_model", d_model)
-        self.num_heads = _positive_int("num_heads", num_heads)
+        self.d_model = positive_int("d_model", d_model)
+        self.num_heads = positive_int("num_heads", num_heads)
         if d_model % num_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
         self.causal = bool(causal)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from qkv.checks import positive_int
 from qkv.models import DecoderLM, Encoder
 
 __all__ = ["DecoderBundle", "EncoderBundle", "cosine_table"]
@@ -49,12 +50,6 @@ def _texts(texts: object) -> list[str]:
         if not isinstance(t, str):
             raise TypeError(f"texts[{i}] must be a str, got {type(t).__name__}")
     return out
-
-
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 @dataclass
@@ -99,7 +94,7 @@ class EncoderBundle:
             ValueError: ``batch_size`` not a positive int.
         """
         items = _texts(texts)
-        batch_size = _positive("batch_size", batch_size)
+        batch_size = positive_int("batch_size", batch_size)
         E = self.model.config.d_model
         if not items:
             return torch.zeros((0, E))
@@ -177,7 +172,7 @@ class DecoderBundle:
 
     def _options(self, max_new_tokens: int, temperature: float, top_k: int | None,
                  top_p: float | None, seed: int | None) -> dict[str, Any]:
-        return dict(max_new_tokens=_positive("max_new_tokens", max_new_tokens),
+        return dict(max_new_tokens=positive_int("max_new_tokens", max_new_tokens),
                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                     eos_id=self.eos_id)  # fmt: skip
 

@@ -8,7 +8,6 @@ read with ``torch.load(weights_only=True)`` so that no code in it can run.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,9 +16,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from qkv.checks import is_int
+from qkv.data.files import read_json
 from qkv.pretrained.errors import require
 
-__all__ = ["HF_ACTIVATIONS", "hf_activation", "read_json", "read_state_dict", "token_id"]
+__all__ = ["HF_ACTIVATIONS", "hf_activation", "read_state_dict", "token_id"]
 
 # Hugging Face activation name -> qkv feed-forward kind.
 HF_ACTIVATIONS = {
@@ -55,27 +56,8 @@ def token_id(hf: Mapping[str, Any], key: str) -> int | None:
     if isinstance(value, list):
         value = value[0] if value else None
     vocab = hf.get("vocab_size")
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    ok = is_int(value) and value >= 0
     return value if ok and (not isinstance(vocab, int) or value < vocab) else None
-
-
-def read_json(path: str | os.PathLike) -> dict[str, Any]:
-    """A JSON object from ``path``.
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: not valid JSON, or not an object.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from err
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
-    return data
 
 
 def read_state_dict(folder: str | os.PathLike) -> dict[str, Tensor]:

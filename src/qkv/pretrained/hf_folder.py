@@ -22,11 +22,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from qkv.data.files import read_json
 from qkv.models import DecoderLM, Encoder
 from qkv.pretrained.bundle import DecoderBundle, EncoderBundle
 from qkv.pretrained.errors import require
 from qkv.pretrained.hf_bert import bert_config, load_bert_weights
-from qkv.pretrained.hf_common import read_json, read_state_dict
+from qkv.pretrained.hf_common import read_state_dict
 from qkv.pretrained.hf_gpt2 import gpt2_config, load_gpt2_weights
 from qkv.pretrained.hf_llama import llama_config, load_llama_weights
 from qkv.pretrained.tokenizer import PretrainedTokenizer

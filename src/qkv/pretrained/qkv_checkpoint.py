@@ -1,7 +1,7 @@
-"""qkv's own checkpoints (written by :func:`qkv.train.checkpoint.save_checkpoint`) as bundles.
+"""qkv's own checkpoints (written by :func:`qkv.checkpoint.save_checkpoint`) as bundles.
 
 A checkpoint folder holds ``model.safetensors`` and a ``config.json`` naming the model class and
-its config; :func:`qkv.train.checkpoint.load_checkpoint` rebuilds the model and reads the
+its config; :func:`qkv.checkpoint.load_checkpoint` rebuilds the model and reads the
 tokenizers saved beside it. Here a :class:`~qkv.models.DecoderLM` becomes a
 :class:`DecoderBundle` and an :class:`~qkv.models.Encoder` an :class:`EncoderBundle`, with the
 checkpoint's ``"text"`` tokenizer (or its only one) adapted to the bundle's tokenizer methods.
@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
+from qkv.checkpoint import load_checkpoint
+from qkv.data.batching import pad_rows
 from qkv.models import DecoderLM, Encoder
 from qkv.pretrained.bundle import DecoderBundle, EncoderBundle
 
@@ -62,13 +63,8 @@ class QkvTokenizer:
                      ) -> tuple[Tensor, Tensor]:  # fmt: skip
         """Right-padded ``(ids (B, S), keep (B, S))``, as the pretrained tokenizer's."""
         rows = [self.encode(t) for t in texts]
-        S = max(1, *(len(r) for r in rows))  # an empty text is one padding position, masked
-        ids = torch.full((len(rows), S), self.pad_id or 0, dtype=torch.long)  # (B, S)
-        keep = torch.zeros((len(rows), S), dtype=torch.bool)  # (B, S)
-        for i, r in enumerate(rows):
-            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-            keep[i, : len(r)] = True
-        return ids, keep
+        # min_len=1: an empty text is one padding position, masked
+        return pad_rows(rows, self.pad_id or 0, min_len=1)  # (B, S), (B, S)
 
     def decode(self, ids: Sequence[int] | Tensor, *, skip_special_tokens: bool = False) -> str:
         return self.inner.decode(ids, skip_special=skip_special_tokens)
@@ -83,11 +79,9 @@ def load_qkv_checkpoint(folder: str | Path, *, name: str | None = None
     """Load a qkv checkpoint folder holding a ``DecoderLM`` or an ``Encoder``.
 
     Raises:
-        qkv.train.checkpoint.CheckpointError (a ValueError): unreadable or mismatched files.
+        qkv.checkpoint.CheckpointError (a ValueError): unreadable or mismatched files.
         ValueError: a checkpoint of another model class (e.g. a Seq2SeqTransformer).
     """
-    from qkv.train.checkpoint import load_checkpoint
-
     ckpt = load_checkpoint(folder)
     name = name or str(folder)
     toks = ckpt.tokenizers

@@ -22,11 +22,11 @@ Names match case-insensitively, with or without the hub organisation
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from qkv.checkpoint import is_qkv_checkpoint
 from qkv.pretrained.bundle import DecoderBundle, EncoderBundle
 from qkv.pretrained.errors import INSTALL
 
@@ -114,14 +114,6 @@ def locate(name: str) -> Path:
     return path
 
 
-def _is_qkv_checkpoint(folder: Path) -> bool:
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and config.get("format") == "qkv.checkpoint"
-
-
 def _load_gguf(path: Path, name: str) -> DecoderBundle:
     from qkv.pretrained.gguf_llama import load_gguf_llama
 
@@ -136,7 +128,7 @@ def _load_path(path: Path, name: str) -> Bundle:
             raise ValueError(f"{path} is a file but not a .gguf file; give a model folder")
         return _load_gguf(path, name)
     if (path / "config.json").is_file():
-        if _is_qkv_checkpoint(path):
+        if is_qkv_checkpoint(path):
             from qkv.pretrained.qkv_checkpoint import load_qkv_checkpoint
 
             return load_qkv_checkpoint(path, name=name)

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
 from torch import Tensor
 
+from qkv.data.batching import pad_rows
 from qkv.pretrained.chat import render_chat
 
 __all__ = ["PretrainedTokenizer"]
@@ -151,14 +151,8 @@ class PretrainedTokenizer:
             _check_text(f"texts[{i}]", t)
         encodings = self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
         rows = [e.ids for e in encodings]
-        S = max(len(r) for r in rows)
         pad = self.pad_id if self.pad_id is not None else 0
-        ids = torch.full((len(rows), S), pad, dtype=torch.long)  # (B, S)
-        keep = torch.zeros((len(rows), S), dtype=torch.bool)  # (B, S)
-        for i, r in enumerate(rows):
-            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-            keep[i, : len(r)] = True
-        return ids, keep
+        return pad_rows(rows, pad)  # (B, S), (B, S)
 
     def decode(self, ids: Sequence[int] | Tensor, *, skip_special_tokens: bool = False) -> str:
         """Text of ``ids`` (``(T,)`` tensor or list).

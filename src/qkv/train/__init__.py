@@ -7,8 +7,12 @@
 * :func:`fit`: the loop itself, for any :class:`Job` (model, batches, loss, evaluation).
 * :class:`TrainConfig`: every setting, frozen and validated, loadable from TOML.
 * :func:`save_checkpoint` / :func:`load_checkpoint`: safetensors + JSON folders, written
-  atomically, loaded without pickle; a run keeps ``<run_dir>/last`` (resumable) and
-  ``<run_dir>/best``, appends to ``<run_dir>/metrics.jsonl`` and draws ``loss.png``.
+  atomically, loaded without pickle (the format is :mod:`qkv.checkpoint`, shared with
+  :mod:`qkv.pretrained`); a run keeps ``<run_dir>/last`` (resumable) and ``<run_dir>/best``,
+  appends to ``<run_dir>/metrics.jsonl`` and draws ``loss.png``.
+* :mod:`~qkv.train.spec` and :mod:`~qkv.train.runs`: what ``qkv train`` / ``qkv eval`` do, as
+  functions: the run spec (data source, TOML tables), building the model and config, training
+  and testing, reading a finished run back.
 
 Example::
 
@@ -22,7 +26,7 @@ Example::
     result = train_seq2seq(model, task, tok, tok, TrainConfig(steps=300, run_dir="runs/copy"))
 """
 
-from qkv.train.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from qkv.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from qkv.train.config import METRIC_MODES, SCHEDULES, TrainConfig
 from qkv.train.lm import LM_METRICS, evaluate_lm, train_lm
 from qkv.train.loop import Callback, Job, TrainResult, fit, seed_everything

@@ -16,12 +16,13 @@ Unknown keys are errors that name the key, so a typo never silently keeps a defa
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
-import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from qkv.checks import is_int, is_number
+from qkv.data.files import read_toml
 
 __all__ = ["METRIC_MODES", "SCHEDULES", "TrainConfig"]
 
@@ -35,14 +36,6 @@ METRIC_MODES = {
     "bleu": "max",
     "chrf": "max",
 }
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: object) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,7 +137,7 @@ class TrainConfig:
         if not (
             isinstance(betas, tuple | list)
             and len(betas) == 2
-            and all(_is_number(b) and 0 <= b < 1 for b in betas)
+            and all(is_number(b) and 0 <= b < 1 for b in betas)
         ):
             raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
         object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
@@ -170,10 +163,10 @@ class TrainConfig:
             v = getattr(self, name)
             if v is None and optional:
                 continue
-            if not _is_int(v) or v < low:
+            if not is_int(v) or v < low:
                 none = " or None" if optional else ""
                 raise ValueError(f"{name} must be an int >= {low}{none}, got {v!r}")
-        if not _is_int(self.seed):
+        if not is_int(self.seed):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
 
     def _check_floats(self) -> None:
@@ -185,9 +178,9 @@ class TrainConfig:
             ("label_smoothing", self.label_smoothing, lambda v: 0 <= v < 1, "in [0, 1)"),
         ]
         for name, v, ok, want in checks:
-            if not _is_number(v) or not ok(v):
+            if not is_number(v) or not ok(v):
                 raise ValueError(f"{name} must be a finite number {want}, got {v!r}")
-        if self.clip is not None and (not _is_number(self.clip) or self.clip <= 0):
+        if self.clip is not None and (not is_number(self.clip) or self.clip <= 0):
             raise ValueError(f"clip must be a finite number > 0 or None, got {self.clip!r}")
 
     @property
@@ -227,13 +220,7 @@ class TrainConfig:
             ImportError: Python 3.10 without the ``tomli`` package.
         """
         file = Path(path)
-        if not file.is_file():
-            raise FileNotFoundError(f"no TrainConfig TOML file at {file}")
-        toml = _toml_module()
-        try:
-            data = toml.loads(file.read_text(encoding="utf-8"))
-        except toml.TOMLDecodeError as err:
-            raise ValueError(f"{file} is not valid TOML: {err}") from None
+        data = read_toml(file, what="TrainConfig TOML file")
         data.update(overrides)
         try:
             return cls.from_dict(data)
@@ -243,17 +230,3 @@ class TrainConfig:
     def replace(self, **changes: Any) -> TrainConfig:
         """A copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)
-
-
-def _toml_module() -> Any:
-    if sys.version_info >= (3, 11):
-        import tomllib
-
-        return tomllib
-    try:  # pragma: no cover - Python 3.10 only
-        import tomli
-    except ImportError:  # pragma: no cover
-        raise ImportError(
-            "reading TOML on Python 3.10 needs the 'tomli' package: pip install tomli"
-        ) from None
-    return tomli  # pragma: no cover

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from qkv.checkpoint import load_checkpoint, save_checkpoint
 from qkv.data.tokenizers import Tokenizer
-from qkv.train.checkpoint import load_checkpoint, save_checkpoint
 from qkv.train.config import TrainConfig
 from qkv.train.losses import LossParts
 from qkv.train.progress import MetricsLog, ProgressBar, plot_loss_curve

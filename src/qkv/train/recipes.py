@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
+from qkv.checkpoint import load_checkpoint
 from qkv.data import CharTokenizer, Task, make_task
 from qkv.models import Seq2SeqConfig, Seq2SeqTransformer
-from qkv.train.checkpoint import load_checkpoint
 from qkv.train.config import METRIC_MODES, TrainConfig
 from qkv.train.loop import Callback, TrainResult
 from qkv.train.seq2seq import evaluate_seq2seq, train_seq2seq

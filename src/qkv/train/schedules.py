@@ -23,6 +23,7 @@ import math
 import torch
 from torch import nn
 
+from qkv.checks import positive_int
 from qkv.nn.positions import LearnedPositionalEmbedding
 from qkv.train.config import TrainConfig
 
@@ -38,9 +39,8 @@ def paper_peak_lr(d_model: int, warmup: int, scale: float = 1.0) -> float:
     Raises:
         ValueError: ``d_model`` or ``warmup`` not a positive int, ``scale`` not positive.
     """
-    for name, v in (("d_model", d_model), ("warmup", warmup)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    positive_int("d_model", d_model)
+    positive_int("warmup", warmup)
     if not isinstance(scale, int | float) or not scale > 0:
         raise ValueError(f"scale must be a positive number, got {scale!r}")
     return scale * d_model**-0.5 * warmup**-0.5

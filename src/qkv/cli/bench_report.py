@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from targets import Target
+from qkv.bench.targets import Target
 
 __all__ = ["print_report", "write_json"]
 

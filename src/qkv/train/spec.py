@@ -1,4 +1,4 @@
-"""What ``qkv train``, ``qkv translate`` and ``qkv eval`` share: the run spec, data, checkpoints.
+"""The run spec: what a training run trains on, enough to rebuild its splits later.
 
 A *run spec* says what to train on, which model and how: built from command-line options
 and, optionally, a small TOML file::
@@ -13,9 +13,9 @@ and, optionally, a small TOML file::
     [model]                   # fields of Seq2SeqConfig (tasks, pairs) or DecoderLMConfig (text)
     d_model = 64
 
-Options given on the command line win over the file. Every unknown key is an error that names
-it. ``qkv train`` writes the data part to ``<run dir>/data.json`` so that ``qkv eval`` can
-rebuild the same held-out split later.
+``qkv train`` builds it from this file and its options (which win); every unknown key is an
+error that names it. A run writes the data part to ``<run dir>/data.json`` so that ``qkv eval``
+can rebuild the same held-out split later. Building and running the model: :mod:`qkv.train.runs`.
 """
 
 from __future__ import annotations
@@ -27,20 +27,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import typer
-from rich.console import Console
+from qkv.checks import is_int, is_number
+from qkv.data import TASKS, load_pairs_tsv, load_text, make_task, train_valid_split
+from qkv.data.files import read_toml
 
 __all__ = [
     "DATA_FILE",
     "DataSpec",
     "Dataset",
-    "fail",
-    "find_checkpoint",
     "load_dataset",
-    "load_run",
     "read_data_spec",
-    "read_toml",
-    "seq2seq_parts",
+    "read_spec_toml",
 ]
 
 DATA_FILE = "data.json"
@@ -49,18 +46,7 @@ KINDS = ("task", "pairs", "text")
 DATA_KEYS = ("task", "pairs", "text", "n_train", "n_valid", "n_test", "valid_fraction", "seed")
 
 
-def fail(err: BaseException | str) -> typer.Exit:
-    """Print ``error: <message>`` as one line on stderr; return the exit (status 2) to raise."""
-    from rich.markup import escape
-
-    message = " ".join(str(err).split()) or type(err).__name__
-    Console(stderr=True, highlight=False, soft_wrap=True).print(
-        f"[red]error:[/red] {escape(message)}", markup=True
-    )
-    return typer.Exit(2)
-
-
-def read_toml(path: str | os.PathLike) -> dict[str, Any]:
+def read_spec_toml(path: str | os.PathLike) -> dict[str, Any]:
     """The tables of a run-spec TOML file: ``{"train": {...}, "data": {...}, "model": {...}}``.
 
     Raises:
@@ -68,32 +54,13 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
             ``[data]`` and ``[model]`` (the message names the file).
     """
     file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"no config file at {file}")
-    toml = _toml()
-    try:
-        raw = toml.loads(file.read_text(encoding="utf-8"))
-    except toml.TOMLDecodeError as err:
-        raise ValueError(f"{file} is not valid TOML: {err}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{file} is not a UTF-8 text file") from None
+    raw = read_toml(file, what="config file")
     tables = {k: v for k, v in raw.items() if isinstance(v, dict)}
     unknown = sorted(set(tables) - {"data", "model"})
     if unknown:
         raise ValueError(f"{file}: unknown table(s) {unknown}; the tables are [data] and [model]")
     train = {k: v for k, v in raw.items() if not isinstance(v, dict)}
     return {"train": train, "data": tables.get("data", {}), "model": tables.get("model", {})}
-
-
-def _toml() -> Any:
-    try:
-        import tomllib  # Python >= 3.11
-    except ImportError:  # pragma: no cover - Python 3.10
-        try:
-            import tomli as tomllib
-        except ImportError:
-            raise ImportError("TOML on Python 3.10 needs tomli: pip install tomli") from None
-    return tomllib
 
 
 @dataclass(frozen=True)
@@ -141,19 +108,14 @@ class DataSpec:
                 f"text in the config's [data] table); {what}"
             )
         ((kind, source),) = given.items()
-        if kind == "task":
-            from qkv.data import TASKS
-
-            if source not in TASKS:
-                raise ValueError(f"unknown task {source!r}; the tasks are {', '.join(TASKS)}")
+        if kind == "task" and source not in TASKS:
+            raise ValueError(f"unknown task {source!r}; the tasks are {', '.join(TASKS)}")
         for name in ("n_train", "n_valid", "n_test", "seed"):
             v = table.get(name, 0)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            if not is_int(v) or v < 0:
                 raise ValueError(f"[data] {name} must be an int >= 0, got {v!r}")
         fraction = table.get("valid_fraction", 0.1)
-        if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not (
-            0 < fraction < 0.5
-        ):
+        if not is_number(fraction) or not 0 < fraction < 0.5:
             raise ValueError(
                 f"[data] valid_fraction must be a number in (0, 0.5), got {fraction!r}"
             )
@@ -162,8 +124,6 @@ class DataSpec:
             raise ValueError(f"unknown [data] key(s) {sorted(options)} for {kind} data; known: "
                              f"{sorted(DATA_KEYS)}")  # fmt: skip
         if options:
-            from qkv.data import make_task
-
             try:  # no pairs asked for: only the options are checked
                 make_task(str(source), n_train=0, n_valid=0, n_test=0, **options)
             except TypeError:
@@ -212,8 +172,6 @@ def load_dataset(spec: DataSpec) -> Dataset:
         ValueError, TypeError: bad task options or sizes, a malformed TSV file, too little data.
         FileNotFoundError: a missing file or folder.
     """
-    from qkv.data import load_pairs_tsv, load_text, make_task, train_valid_split
-
     if spec.kind == "task":
         task = make_task(spec.source, seed=spec.seed, n_train=spec.n_train,
                          n_valid=spec.n_valid, n_test=spec.n_test, **spec.options)  # fmt: skip
@@ -233,60 +191,3 @@ def load_dataset(spec: DataSpec) -> Dataset:
     text = load_text(spec.source)
     train, valid = train_valid_split(text, spec.valid_fraction, spec.seed)
     return Dataset(train, valid)
-
-
-def find_checkpoint(path: str | os.PathLike) -> Path:
-    """The checkpoint folder at ``path``: the folder itself, or a run folder's ``best`` (else
-    ``last``) checkpoint.
-
-    Raises:
-        FileNotFoundError: nothing there that looks like a qkv checkpoint.
-    """
-    root = Path(path)
-    for folder in (root, root / "best", root / "last"):
-        if (folder / "config.json").is_file():
-            return folder
-    if not root.exists():
-        raise FileNotFoundError(f"no checkpoint at {root}: no such file or folder")
-    raise FileNotFoundError(
-        f"no checkpoint at {root}: expected a folder with config.json (a qkv checkpoint) or a "
-        "run folder holding best/ or last/"
-    )
-
-
-def load_run(path: str | os.PathLike) -> tuple[Any, Path, DataSpec | None]:
-    """Load the checkpoint at ``path`` (see :func:`find_checkpoint`).
-
-    Returns:
-        ``(checkpoint, folder, data spec of its run or None)``; the model is in eval mode.
-
-    Raises:
-        FileNotFoundError: no checkpoint; CheckpointError (a ValueError): a corrupt or
-            unreadable one; ValueError: a bad ``data.json``.
-    """
-    from qkv.train.checkpoint import load_checkpoint
-
-    folder = find_checkpoint(path)
-    ckpt = load_checkpoint(folder)
-    ckpt.model.eval()
-    spec = read_data_spec(folder.parent) if folder.name in ("best", "last") else None
-    return ckpt, folder, spec
-
-
-def seq2seq_parts(ckpt: Any, folder: Path, command: str) -> tuple[Any, Any, Any]:
-    """``(model, src_tok, tgt_tok)`` of an encoder-decoder checkpoint.
-
-    Raises:
-        ValueError: a decoder-only model, or a checkpoint without its tokenizers.
-    """
-    from qkv.generate import is_seq2seq
-
-    if not is_seq2seq(ckpt.model):
-        raise ValueError(
-            f"{folder} holds a {type(ckpt.model).__name__}; qkv {command} needs an "
-            "encoder-decoder (Seq2SeqTransformer) checkpoint"
-        )
-    toks = ckpt.tokenizers
-    if "src" not in toks:
-        raise ValueError(f"{folder} has no source tokenizer (tokenizer-src.json)")
-    return ckpt.model, toks["src"], toks.get("tgt", toks["src"])

@@ -13,7 +13,7 @@
 
 Each record holds the time (min and median of ``repeats``, interleaved across backends), the
 max error of the forward against a float64 reference on sampled query rows, the peak extra
-memory of one call in a fresh subprocess (``memprobe.py``) and, for the forward,
+memory of one call in a fresh subprocess (:mod:`qkv.bench.memprobe`) and, for the forward,
 ``qkv.explain``'s predicted peak beside it. Configurations that would not fit in memory or
 would take longer than ``config.max_seconds`` are recorded as skipped, with the reason.
 """
@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 import qkv
-from common import available_memory_bytes, summarise, time_interleaved
-from memprobe import attention_fn, make_inputs, probe
 from qkv.attention.costs import _causal_pairs
+from qkv.bench.measure import available_memory_bytes, summarise, time_interleaved
+from qkv.bench.memprobe import attention_fn, make_inputs, probe
 
 __all__ = ["BACKENDS", "QUICK", "BenchConfig", "config_dict", "run_suite"]
 

@@ -1,0 +1,376 @@
+"""The checkpoint folder: safetensors and JSON, written atomically, read without pickle.
+
+This is qkv's own checkpoint format, shared by :mod:`qkv.train` (which writes ``best`` and
+``last`` during a run and resumes from them) and :mod:`qkv.pretrained` (which loads a
+checkpoint as a ready model); it sits below both so neither imports the other.
+
+Layout of a checkpoint folder::
+
+    model.safetensors           the model's tensors (a tied weight is stored once)
+    config.json                 format, model class, model config, tied names, tokenizers
+    tokenizer-<role>.json       each tokenizer ("src", "tgt" or "text"), as its save() writes
+    train_state.safetensors     optimizer tensors and RNG states      (training checkpoints)
+    train_state.json            step, data position, history, the rest (training checkpoints)
+
+Writing goes into a fresh temporary folder next to the destination; every file is fsynced,
+then the folder is renamed into place (the old one is moved aside first and deleted after),
+so a crash in the middle of a save leaves the previous checkpoint whole. Loading reads only
+safetensors and JSON, so it never runs code from the file, and every problem (a truncated or
+corrupt file, a missing tensor, a wrong shape, bad JSON, another model class) is a
+:class:`CheckpointError` that names the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from qkv.checkpoint.optimizer import optimizer_from_flat, optimizer_to_flat
+from qkv.data.files import read_json
+from qkv.data.tokenizers import Tokenizer, load_tokenizer
+
+__all__ = [
+    "FORMAT",
+    "Checkpoint",
+    "CheckpointError",
+    "is_qkv_checkpoint",
+    "load_checkpoint",
+    "save_checkpoint",
+]
+
+FORMAT, VERSION = "qkv.checkpoint", 1
+MODEL_FILE, CONFIG_FILE = "model.safetensors", "config.json"
+STATE_TENSORS, STATE_JSON = "train_state.safetensors", "train_state.json"
+# The model classes a checkpoint may name, and their config classes, all in qkv.models.
+MODEL_CLASSES = {
+    "DecoderLM": "DecoderLMConfig",
+    "Seq2SeqTransformer": "Seq2SeqConfig",
+    "Encoder": "EncoderConfig",
+    "ViT": "ViTConfig",
+}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not fit the model; the message names the file."""
+
+
+def is_qkv_checkpoint(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` holds a qkv checkpoint: a ``config.json`` whose ``"format"`` is
+    ``"qkv.checkpoint"`` (a Hugging Face folder also has a ``config.json``, without it)."""
+    try:
+        config = read_json(Path(folder) / CONFIG_FILE)
+    except (OSError, ValueError):
+        return False
+    return config.get("format") == FORMAT
+
+
+@dataclass
+class Checkpoint:
+    """What :func:`load_checkpoint` read.
+
+    Attributes:
+        path: the checkpoint folder.
+        model: the model, with the checkpoint's weights loaded.
+        tokenizers: ``{role: tokenizer}`` (e.g. ``"src"``, ``"tgt"``, ``"text"``).
+        config: the whole of ``config.json``.
+        train_state: the JSON training state, or None for a model-only checkpoint.
+        train_tensors: the training-state tensors (RNG states, ...) other than the optimizer's.
+    """
+
+    path: Path
+    model: nn.Module
+    tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    train_state: dict[str, Any] | None = None
+    train_tensors: dict[str, Tensor] = field(default_factory=dict)
+
+
+def _model_config(model: nn.Module) -> dict[str, Any] | None:
+    config = getattr(model, "config", None)
+    return config.to_dict() if hasattr(config, "to_dict") else None
+
+
+def _dedupe_tied(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """Keep one name per shared tensor; ``tied`` maps each dropped name to the kept one."""
+    kept: dict[str, Tensor] = {}
+    tied: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
+    storages: set[int] = set()
+    for name, t in state.items():
+        ptr = t.untyped_storage().data_ptr()
+        key = (ptr, t.storage_offset(), tuple(t.shape), t.stride())
+        if t.numel() and key in seen:
+            tied[name] = seen[key]
+            continue
+        seen[key] = name
+        t = t.detach().cpu().contiguous()
+        # Different views of one storage (e.g. slices of a packed weight) are stored as
+        # copies: safetensors refuses tensors that share memory.
+        kept[name] = t.clone() if t.numel() and ptr in storages else t
+        storages.add(ptr)
+    return kept, tied
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on directories; the rename is still atomic
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=1, allow_nan=True), encoding="utf-8")
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    model: nn.Module,
+    *,
+    tokenizers: dict[str, Tokenizer] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    train_state: dict[str, Any] | None = None,
+    train_tensors: dict[str, Tensor] | None = None,
+    info: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``model`` (and optionally tokenizers and training state) to the folder ``path``.
+
+    Args:
+        path: the checkpoint folder; an existing one is replaced atomically.
+        model: any ``nn.Module``; its ``config.to_dict()`` is stored when it has one.
+        tokenizers: ``{role: tokenizer}``; roles are simple names like ``"src"``.
+        optimizer: its state goes into ``train_state.*``.
+        train_state: JSON-able training state (step, data position, ...).
+        train_tensors: further tensors of the training state (RNG states).
+        info: JSON-able extras stored in ``config.json`` under ``"info"`` (metrics, step).
+
+    Returns:
+        the folder.
+
+    Raises:
+        ValueError: a role that is not a simple name.
+        OSError: the folder cannot be written (the previous checkpoint is left untouched).
+    """
+    dest = Path(path)
+    tokenizers = dict(tokenizers or {})
+    for role in tokenizers:
+        if not (isinstance(role, str) and role.isidentifier()):
+            raise ValueError(f"tokenizer roles must be simple names, got {role!r}")
+    tensors, tied = _dedupe_tied(model.state_dict())
+    config = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model_class": type(model).__name__,
+        "config_class": type(getattr(model, "config", None)).__name__,
+        "model_config": _model_config(model),
+        "tied": tied,
+        "tokenizers": {role: f"tokenizer-{role}.json" for role in tokenizers},
+        "training": optimizer is not None or train_state is not None,
+        "info": info or {},
+    }
+
+    def write(folder: Path) -> None:
+        # 1) tensors first: the largest files, the most likely place for a crash
+        save_file(tensors, str(folder / MODEL_FILE))
+        # 2) tokenizers, each with its own save()
+        for role, tok in tokenizers.items():
+            tok.save(folder / config["tokenizers"][role])
+        # 3) training state: tensors in safetensors, everything else in JSON
+        if config["training"]:
+            state = dict(train_state or {})
+            extra = dict(train_tensors or {})
+            if optimizer is not None:
+                state["optimizer"], opt_tensors = optimizer_to_flat(optimizer)
+                extra.update(opt_tensors)
+            save_file({k: v.contiguous() for k, v in extra.items()}, str(folder / STATE_TENSORS))
+            _write_json(folder / STATE_JSON, state)
+        # 4) config.json last: a folder without it is never mistaken for a checkpoint
+        _write_json(folder / CONFIG_FILE, config)
+
+    _atomic_folder(dest, write)
+    return dest
+
+
+def _atomic_folder(dest: Path, write) -> None:
+    """Run ``write(tmp)`` into a temporary sibling folder, then move it to ``dest`` atomically."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        write(tmp)
+        for f in tmp.iterdir():
+            _fsync(f)
+        _fsync(tmp)
+        if dest.exists():
+            # POSIX cannot rename a folder over a non-empty one: move the old one aside first.
+            old = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(dest, old)
+            os.replace(tmp, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, dest)
+        _fsync(dest.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    try:
+        return read_json(file)
+    except FileNotFoundError:
+        raise CheckpointError(f"{file}: file missing") from None
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
+
+
+def _read_tensors(file: Path, device: torch.device | str) -> dict[str, Tensor]:
+    if not file.is_file():
+        raise CheckpointError(f"{file}: file missing")
+    try:
+        return load_file(str(file), device=str(device))
+    except Exception as err:  # safetensors raises its own SafetensorError
+        raise CheckpointError(
+            f"{file}: not a readable safetensors file, truncated or corrupt ({err})"
+        ) from None
+
+
+def _resolve(path: Path) -> Path:
+    """``path``, or the copy a save moved aside if a crash hit between its two renames."""
+    if path.is_dir():
+        return path
+    aside = sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda p: p.stat().st_mtime)
+    if aside:
+        return aside[-1]
+    raise CheckpointError(f"{path}: no checkpoint folder there")
+
+
+def _build_model(config: dict[str, Any], file: Path) -> nn.Module:
+    name = config.get("model_class")
+    if name not in MODEL_CLASSES:
+        raise CheckpointError(
+            f"{file}: model_class {name!r} is not one qkv can build; expected one of "
+            f"{sorted(MODEL_CLASSES)} (or pass model= to load into your own module)"
+        )
+    import qkv.models
+
+    model_cls = getattr(qkv.models, name)
+    config_cls = getattr(qkv.models, MODEL_CLASSES[name])
+    try:
+        return model_cls(config_cls.from_dict(config["model_config"]))
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{file}: bad model_config for {name} ({err})") from None
+
+
+def _check_model(model: nn.Module, config: dict[str, Any], file: Path) -> None:
+    if config.get("model_class") != type(model).__name__:
+        raise CheckpointError(
+            f"{file}: the checkpoint holds a {config.get('model_class')!r}, but the model "
+            f"given is a {type(model).__name__!r}"
+        )
+    mine, theirs = _model_config(model), config.get("model_config")
+    if mine is not None and theirs is not None and mine != theirs:
+        diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        details = ", ".join(f"{k}: {theirs.get(k)!r} vs {mine.get(k)!r}" for k in diff)
+        raise CheckpointError(
+            f"{file}: model_config differs from the model's (checkpoint vs model): {details}"
+        )
+
+
+def _load_weights(model: nn.Module, tensors: dict[str, Tensor], tied: dict, file: Path) -> None:
+    expected = model.state_dict()
+    full = dict(tensors)
+    for name, source in tied.items():
+        if source in tensors:
+            full[name] = tensors[source]
+    missing = sorted(set(expected) - set(full))
+    unexpected = sorted(set(full) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{file}: tensors do not match the model: missing {missing[:8]}"
+            f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
+            f"{' ...' if len(unexpected) > 8 else ''}"
+        )
+    for name, t in full.items():
+        if t.shape != expected[name].shape:
+            raise CheckpointError(
+                f"{file}: tensor {name!r} has shape {tuple(t.shape)}, the model expects "
+                f"{tuple(expected[name].shape)}"
+            )
+    model.load_state_dict(full, strict=True)
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    model: nn.Module | None = None,
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    device: torch.device | str | None = None,
+) -> Checkpoint:
+    """Read a checkpoint folder written by :func:`save_checkpoint`.
+
+    Args:
+        path: the folder.
+        model: load into this module (its class and config must match); None builds the
+            model named in ``config.json`` from :mod:`qkv.models`.
+        optimizer: if given, its state is restored from ``train_state.*``.
+        device: where tensors go; default the model's device (CPU for a new model).
+
+    Returns:
+        a :class:`Checkpoint`.
+
+    Raises:
+        CheckpointError: the folder or a file is missing, truncated, corrupt or does not
+            match the model or optimizer (the message names the file and the problem).
+    """
+    folder = _resolve(Path(path))
+    config_file = folder / CONFIG_FILE
+    config = _read_json(config_file)
+    if config.get("format") != FORMAT:
+        raise CheckpointError(f"{config_file}: format is {config.get('format')!r}, not {FORMAT!r}")
+    if config.get("version") != VERSION:
+        raise CheckpointError(f"{config_file}: version {config.get('version')!r} is not {VERSION}")
+    if model is None:
+        model = _build_model(config, config_file)
+    else:
+        _check_model(model, config, config_file)
+    if device is None:
+        first = next(iter(model.parameters()), None)
+        device = first.device if first is not None else "cpu"
+    tied = config.get("tied") or {}
+    _load_weights(model, _read_tensors(folder / MODEL_FILE, device), tied, folder / MODEL_FILE)
+    tokenizers: dict[str, Tokenizer] = {}
+    for role, name in (config.get("tokenizers") or {}).items():
+        if not isinstance(name, str) or Path(name).name != name:
+            raise CheckpointError(f"{config_file}: tokenizer file {name!r} is not a plain name")
+        try:
+            tokenizers[role] = load_tokenizer(folder / name)
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"{folder / name}: cannot read tokenizer ({err})") from None
+    ckpt = Checkpoint(folder, model, tokenizers, config)
+    if config.get("training"):
+        ckpt.train_state = _read_json(folder / STATE_JSON)
+        tensors = _read_tensors(folder / STATE_TENSORS, "cpu")
+        if optimizer is not None:
+            if "optimizer" not in ckpt.train_state:
+                raise CheckpointError(f"{folder / STATE_JSON}: no optimizer state")
+            where = f"{folder / STATE_JSON} + {STATE_TENSORS}"
+            try:
+                optimizer_from_flat(optimizer, ckpt.train_state["optimizer"], tensors, where)
+            except ValueError as err:
+                raise CheckpointError(str(err)) from None
+        ckpt.train_tensors = {k: v for k, v in tensors.items() if not k.startswith("optimizer.")}
+    elif optimizer is not None:
+        raise CheckpointError(f"{folder}: a model-only checkpoint has no optimizer state")
+    return ckpt

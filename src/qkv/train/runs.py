@@ -1,0 +1,195 @@
+"""A training run from a :class:`~qkv.train.spec.DataSpec`: build, train, test, and read back.
+
+What ``qkv train``, ``qkv eval`` and ``qkv translate`` do, as plain functions:
+
+1. :func:`build_train_config` and :func:`build_model`: defaults per kind of data, then the
+   spec file's keys, then the command line's options.
+2. :func:`make_tokenizers`: character tokenizers fitted on the training split.
+3. :func:`run_training`: train, keep the best checkpoint's weights, test on held-out data.
+4. :func:`find_checkpoint`, :func:`load_run`, :func:`seq2seq_parts`: a finished run's
+   checkpoint, its data spec and its encoder-decoder parts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from qkv.checkpoint import load_checkpoint
+from qkv.data import CharTokenizer
+from qkv.generate import is_seq2seq
+from qkv.models import DecoderLM, DecoderLMConfig, Seq2SeqConfig, Seq2SeqTransformer
+from qkv.train.config import TrainConfig
+from qkv.train.lm import evaluate_lm, train_lm
+from qkv.train.recipes import StopWhen
+from qkv.train.seq2seq import evaluate_seq2seq, train_seq2seq
+from qkv.train.spec import Dataset, DataSpec, read_data_spec
+
+__all__ = [
+    "build_model",
+    "build_train_config",
+    "find_checkpoint",
+    "keep_best",
+    "load_run",
+    "make_tokenizers",
+    "run_training",
+    "seq2seq_parts",
+]
+
+# Defaults under the config file and the options, per kind of model; the encoder-decoder's
+# are the date recipe's (qkv.train.recipes), which also suit the other synthetic tasks.
+SEQ2SEQ_TRAIN = dict(steps=1000, batch_size=128, lr=2e-3, schedule="cosine", warmup=100,
+                     label_smoothing=0.1, eval_every=100, eval_examples=500,
+                     metric="exact_match", log_every=50)  # fmt: skip
+LM_TRAIN = dict(steps=1000, batch_size=32, lr=1e-3, schedule="cosine", warmup=100,
+                eval_every=200, metric="loss", log_every=50, block_size=128)
+SEQ2SEQ_MODEL = dict(d_model=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
+                     dropout=0.0, norm="pre", positions="rope")  # fmt: skip
+LM_MODEL = dict(d_model=128, num_layers=4, num_heads=4, dropout=0.0)
+
+
+def build_train_config(kind: str, table: dict[str, Any], options: dict[str, Any]):
+    """A :class:`~qkv.train.TrainConfig`: defaults, then the file's keys, then the options.
+
+    Raises:
+        ValueError: an unknown key or a bad value (the message names it).
+    """
+    base = LM_TRAIN if kind == "text" else SEQ2SEQ_TRAIN
+    given = {k: v for k, v in options.items() if v is not None}
+    fields = {**base, **table, **given}
+    if "warmup" not in table and isinstance(fields.get("steps"), int):
+        # a tenth of a short run, at most the default: --steps 50 still reaches its peak lr
+        fields["warmup"] = max(1, min(base["warmup"], fields["steps"] // 10))
+    return TrainConfig.from_dict(fields)
+
+
+def build_model(kind: str, table: dict[str, Any], options: dict[str, Any], vocab: dict[str, int],
+                block_size: int):  # fmt: skip
+    """The model: ``[model]`` keys over the defaults, the options over both.
+
+    Args:
+        kind: the data kind (``"text"`` builds a DecoderLM, others a Seq2SeqTransformer).
+        table: the config file's ``[model]`` table.
+        options: ``d_model``, ``layers``, ``heads`` from the command line (None = not given).
+        vocab: ``{"src": V, "tgt": V}`` or ``{"text": V}``.
+        block_size: the LM's window (its ``max_len``).
+
+    Raises:
+        ValueError: an unknown key or a bad value.
+    """
+    d, layers, heads = options.get("d_model"), options.get("layers"), options.get("heads")
+    if kind == "text":
+        cli = {"d_model": d, "num_layers": layers, "num_heads": heads}
+        fields = {**LM_MODEL, "max_len": block_size, **table}
+        fields.update({k: v for k, v in cli.items() if v is not None})
+        base = DecoderLMConfig.gpt2_style(vocab["text"]).to_dict()
+        return DecoderLM(DecoderLMConfig.from_dict({**base, **fields, "vocab_size": vocab["text"]}))
+    cli = {"d_model": d, "num_encoder_layers": layers, "num_decoder_layers": layers,
+           "num_heads": heads}  # fmt: skip
+    fields = {**SEQ2SEQ_MODEL, **table}
+    fields.update({k: v for k, v in cli.items() if v is not None})
+    fields.setdefault("d_ff", 4 * fields["d_model"])
+    fields.update(src_vocab_size=vocab["src"], tgt_vocab_size=vocab["tgt"])
+    return Seq2SeqTransformer(Seq2SeqConfig.from_dict(fields))
+
+
+def make_tokenizers(spec: DataSpec, data: Dataset) -> dict[str, Any]:
+    """Character tokenizers fitted on the training split: ``{"text"}`` or ``{"src", "tgt"}``."""
+    if spec.kind == "text":
+        return {"text": CharTokenizer.fit(data.train)}
+    return {"src": CharTokenizer.fit(s for s, _ in data.train),
+            "tgt": CharTokenizer.fit(t for _, t in data.train)}  # fmt: skip
+
+
+def run_training(spec: DataSpec, data: Dataset, toks: dict[str, Any], model, config, *,
+                 max_seconds: float | None, log: Callable[[str], object] = print
+                 ) -> dict[str, Any]:  # fmt: skip
+    """Train and test; returns ``{"result", "test": metrics, "split": name}``.
+
+    ``log`` receives one line about the data before training starts.
+
+    Raises:
+        ValueError, ImportError: from training and evaluation.
+    """
+    callbacks = [StopWhen(config.metric, None, max_seconds)] if max_seconds else []
+    if spec.kind == "text":
+        tok = toks["text"]
+        ids, valid = tok.encode(data.train), tok.encode(data.valid)
+        log(f"text: {len(ids):,} training and {len(valid):,} validation characters, "
+                      f"vocabulary {tok.vocab_size}")  # fmt: skip
+        result = train_lm(model, ids, config, valid_ids=valid, tokenizer=tok, callbacks=callbacks)
+        keep_best(model, result)
+        test = evaluate_lm(model, valid, block_size=config.block_size,
+                           batch_size=config.batch_size or 32)  # fmt: skip
+        return {"result": result, "test": test, "split": "validation"}
+    src_tok, tgt_tok = toks["src"], toks["tgt"]
+    log(f"pairs: {len(data.train):,} training, {len(data.valid):,} validation, "
+                  f"{len(data.test):,} test")  # fmt: skip
+    result = train_seq2seq(model, data.train, src_tok, tgt_tok, config, valid=data.valid,
+                           callbacks=callbacks)  # fmt: skip
+    keep_best(model, result)
+    test = evaluate_seq2seq(model, data.test, src_tok, tgt_tok, batch_size=256)
+    return {"result": result, "test": test, "split": "test"}
+
+
+def keep_best(model, result) -> None:
+    """Load the ``best`` checkpoint's weights when later steps did not improve on it (so the
+    test metrics are those of the checkpoint ``qkv eval`` and ``qkv translate`` use); eval mode."""
+    if result.run_dir is not None and result.best_step not in (None, result.steps):
+        load_checkpoint(result.run_dir / "best", model)
+    model.eval()
+
+
+def find_checkpoint(path: str | os.PathLike) -> Path:
+    """The checkpoint folder at ``path``: the folder itself, or a run folder's ``best`` (else
+    ``last``) checkpoint.
+
+    Raises:
+        FileNotFoundError: nothing there that looks like a qkv checkpoint.
+    """
+    root = Path(path)
+    for folder in (root, root / "best", root / "last"):
+        if (folder / "config.json").is_file():
+            return folder
+    if not root.exists():
+        raise FileNotFoundError(f"no checkpoint at {root}: no such file or folder")
+    raise FileNotFoundError(
+        f"no checkpoint at {root}: expected a folder with config.json (a qkv checkpoint) or a "
+        "run folder holding best/ or last/"
+    )
+
+
+def load_run(path: str | os.PathLike) -> tuple[Any, Path, DataSpec | None]:
+    """Load the checkpoint at ``path`` (see :func:`find_checkpoint`).
+
+    Returns:
+        ``(checkpoint, folder, data spec of its run or None)``; the model is in eval mode.
+
+    Raises:
+        FileNotFoundError: no checkpoint; CheckpointError (a ValueError): a corrupt or
+            unreadable one; ValueError: a bad ``data.json``.
+    """
+    folder = find_checkpoint(path)
+    ckpt = load_checkpoint(folder)
+    ckpt.model.eval()
+    spec = read_data_spec(folder.parent) if folder.name in ("best", "last") else None
+    return ckpt, folder, spec
+
+
+def seq2seq_parts(ckpt: Any, folder: Path, command: str) -> tuple[Any, Any, Any]:
+    """``(model, src_tok, tgt_tok)`` of an encoder-decoder checkpoint.
+
+    Raises:
+        ValueError: a decoder-only model, or a checkpoint without its tokenizers.
+    """
+    if not is_seq2seq(ckpt.model):
+        raise ValueError(
+            f"{folder} holds a {type(ckpt.model).__name__}; qkv {command} needs an "
+            "encoder-decoder (Seq2SeqTransformer) checkpoint"
+        )
+    toks = ckpt.tokenizers
+    if "src" not in toks:
+        raise ValueError(f"{folder} has no source tokenizer (tokenizer-src.json)")
+    return ckpt.model, toks["src"], toks.get("tgt", toks["src"])
