@@ -38,10 +38,11 @@ def test_rank_too_small():
         sdpa(torch.randn(8), k, v)
 
 
-def test_ranks_differ():
+def test_ranks_that_do_not_broadcast():
+    """Different ranks broadcast as in torch (tests/attention/test_broadcast.py); these do not."""
     q, k, v = qkv_()
-    with pytest.raises(ValueError, match=r"same number of dimensions, got query \(2, 2, 4, 8\), key \(2, 6, 8\)"):
-        sdpa(q, k[:, 0], v)
+    with pytest.raises(ValueError, match=r"same leading \(batch\) dimensions or broadcast together, got query \(2, 2, 4, 8\), key \(3, 2, 6, 8\)"):
+        sdpa(q, k.repeat(2, 1, 1, 1)[:3], v.repeat(2, 1, 1, 1)[:3])
 
 
 def test_head_width_mismatch():
@@ -69,15 +70,15 @@ def test_gqa_not_enabled():
 
 
 def test_key_value_heads_differ():
-    q, k, v = qkv_(H=4, Hkv=2)
+    q, k, _ = qkv_(H=6, Hkv=2)
     with pytest.raises(ValueError, match=r"key and value must have the same number of heads"):
-        sdpa(q, k, v[:, :1], enable_gqa=True)
+        sdpa(q, k, torch.randn(2, 3, 6, 8))
 
 
 def test_batch_dims_differ():
-    q, k, v = qkv_()
-    with pytest.raises(ValueError, match=r"same leading \(batch\) dimensions"):
-        sdpa(q, k[:1], v[:1])
+    q, _, _ = qkv_()
+    with pytest.raises(ValueError, match=r"same leading \(batch\) dimensions or broadcast"):
+        sdpa(q, torch.randn(3, 2, 6, 8), torch.randn(3, 2, 6, 8))
 
 
 def test_mask_does_not_broadcast():
@@ -140,8 +141,10 @@ def test_unknown_backend():
 
 def test_backend_that_cannot_return_weights():
     q, k, v = qkv_()
+    with pytest.raises(ValueError, match=r"backend='torch' cannot honour this call: weights after dropout cannot be rebuilt"):
+        sdpa(q, k, v, backend="torch", need_weights=True, dropout_p=0.1)
     with pytest.raises(ValueError, match=r"backend='torch' cannot honour this call: the fused kernel does not return attention weights"):
-        sdpa(q, k, v, backend="torch", need_weights=True)
+        sdpa(q.to("meta"), k.to("meta"), v.to("meta"), backend="torch", need_weights=True)
 
 
 def test_torch_backend_refuses_empty():
@@ -200,3 +203,49 @@ def test_explain_validates_too():
     q, k, v = qkv_()
     with pytest.raises(ValueError, match=r"same head width D"):
         qkv.explain(q, k[..., :3], v)
+
+
+# Every argument error of SDPA, with the exception class it is documented to raise.
+BAD_CALLS = [
+    ("head width", lambda q, k, v: sdpa(q, k[..., :7], v), ValueError, r"same head width D"),
+    ("lengths", lambda q, k, v: sdpa(q, k, v[..., :5, :]), ValueError, r"same length S"),
+    ("rank", lambda q, k, v: sdpa(torch.randn(8), k, v), ValueError, r"at least 2 dimensions"),
+    ("gqa", lambda q, k, v: sdpa(torch.randn(2, 4, 4, 8), k, v), ValueError, r"enable_gqa=True"),
+    ("mask shape", lambda q, k, v: sdpa(q, k, v, attn_mask=torch.ones(4, 5, dtype=torch.bool)),
+     ValueError, r"does not broadcast"),
+    ("mask NaN", lambda q, k, v: sdpa(q, k, v, attn_mask=torch.full((4, 6), float("nan"))),
+     ValueError, r"attn_mask contains NaN"),
+    ("dropout", lambda q, k, v: sdpa(q, k, v, dropout_p=1.5), ValueError, r"dropout_p must be"),
+    ("backend", lambda q, k, v: sdpa(q, k, v, backend="cuda"), ValueError, r"backend must be"),
+    ("weights", lambda q, k, v: sdpa(q, k, v, backend="torch", need_weights=True, dropout_p=0.1),
+     ValueError, r"cannot honour"),
+    ("dtype", lambda q, k, v: sdpa(q, k.double(), v), TypeError, r"share one dtype"),
+    ("int", lambda q, k, v: sdpa(q.long(), k, v), TypeError, r"floating-point tensor"),
+    ("mask dtype", lambda q, k, v: sdpa(q, k, v, attn_mask=torch.ones(4, 6, dtype=torch.long)),
+     TypeError, r"attn_mask must be boolean"),
+    ("not a tensor", lambda q, k, v: sdpa([[1.0]], k, v), TypeError, r"must be a torch.Tensor"),
+]
+
+
+@pytest.mark.parametrize(("what", "bad", "kind", "message"), BAD_CALLS, ids=[c[0] for c in BAD_CALLS])
+def test_errors_are_caught_as_torch_and_as_python_errors(what, bad, kind, message):
+    """``except RuntimeError`` (code written for torch's SDPA) and ``except ValueError`` /
+    ``except TypeError`` (Python convention) both catch, with qkv's message."""
+    q, k, v = qkv_()
+    for catch in (kind, RuntimeError):
+        with pytest.raises(catch, match=message):
+            bad(q, k, v)
+    try:
+        bad(q, k, v)
+    except RuntimeError as e:  # the pattern code written for torch uses
+        assert isinstance(e, kind), f"{what}: {type(e).__name__} is not a {kind.__name__}"
+        expected = qkv.attention.AttentionArgumentError if kind is ValueError else qkv.attention.AttentionTypeError
+        assert isinstance(e, expected), f"{what}: {type(e).__name__}"
+
+
+def test_error_classes():
+    from qkv.attention.errors import AttentionArgumentError, AttentionTypeError
+
+    assert issubclass(AttentionArgumentError, ValueError) and issubclass(AttentionArgumentError, RuntimeError)
+    assert issubclass(AttentionTypeError, TypeError) and issubclass(AttentionTypeError, RuntimeError)
+    assert qkv.attention.AttentionArgumentError is AttentionArgumentError

@@ -20,11 +20,18 @@ def test_auto_picks_torch_without_weights():
     assert e.shapes == {"B": 1, "H": 2, "Hkv": 2, "T": 8, "S": 8, "D": 8, "Dv": 8}
 
 
-def test_auto_picks_flash_for_weights():
-    """Weights never force the O(T·S) math path on the output: flash + weights from its lse."""
+def test_auto_picks_torch_lse_for_weights_on_cpu():
+    """Weights never force the O(T·S) math path on the output: on CPU torch's flash kernel
+    returns its lse and the weights are rebuilt from it; flash + rebuild where it cannot."""
     e = qkv.explain(*inputs(), need_weights=True)
-    assert e.chosen == "flash"
-    assert "does not return attention weights" in e.reasons["torch"]
+    assert e.chosen == "torch"
+    q, k, v = inputs()
+    e = qkv.explain(q, k, v[..., :5], need_weights=True)
+    assert e.chosen == "flash" and "Dv == D" in e.reasons["torch"]
+    e = qkv.explain(q, k[:, :1], v[:, :1], attn_mask=torch.ones(8, 8, dtype=torch.bool),
+                    need_weights=True, enable_gqa=True)
+    assert e.chosen == "flash" and "grouped-query" in e.reasons["torch"]
+    e = qkv.explain(q.to("meta"), k.to("meta"), v.to("meta"), need_weights=True)
     assert "torch: not chosen, the fused kernel does not return attention weights" in str(e)
 
 
@@ -71,7 +78,7 @@ def test_explain_named_backend():
     e = qkv.explain(*inputs(), backend="math")
     assert e.chosen == "math" and e.reasons["torch"] == "backend='math' was requested"
     with pytest.raises(ValueError, match="cannot honour"):
-        qkv.explain(*inputs(), backend="torch", need_weights=True)
+        qkv.explain(*inputs(), backend="torch", need_weights=True, dropout_p=0.1)
 
 
 def test_auto_prefers_flash_for_half_precision_training_and_decoding():

@@ -193,7 +193,7 @@ def test_calls_the_core_kernel_with_fast_path_arguments(monkeypatch):
     attn(x)
     assert seen == [
         {"need_weights": False, "gqa": True, "dropout_p": 0.0, "backend": "torch"},
-        {"need_weights": True, "gqa": True, "dropout_p": 0.0, "backend": "flash"},
+        {"need_weights": True, "gqa": True, "dropout_p": 0.0, "backend": "torch"},
         {"need_weights": False, "gqa": True, "dropout_p": 0.25, "backend": "torch"},
     ]
 

@@ -13,6 +13,7 @@ from types import ModuleType
 from qkv.attention import backends
 from qkv.attention.call import AttentionCall
 from qkv.attention.costs import Cost, predict
+from qkv.attention.errors import AttentionArgumentError
 
 __all__ = ["BACKENDS", "PREFERENCE", "Explanation", "decide", "select"]
 
@@ -90,15 +91,16 @@ def select(call: AttentionCall, backend: str) -> ModuleType:
     """The backend module to run ``call`` with.
 
     Raises:
-        ValueError: unknown ``backend`` name, or a named backend that cannot honour the call.
+        AttentionArgumentError: unknown ``backend`` name, or a named backend that cannot
+            honour the call.
     """
     if not isinstance(backend, str) or (backend != "auto" and backend not in BACKENDS):
         known = ", ".join(repr(b) for b in ("auto", *BACKENDS))
-        raise ValueError(f"backend must be one of {known}, got {backend!r}")
+        raise AttentionArgumentError(f"backend must be one of {known}, got {backend!r}")
     if backend == "auto":
         return BACKENDS[decide(call, with_costs=False).chosen]
     module = BACKENDS[backend]
     why = module.why_not(call)
     if why is not None:
-        raise ValueError(f"backend={backend!r} cannot honour this call: {why}")
+        raise AttentionArgumentError(f"backend={backend!r} cannot honour this call: {why}")
     return module

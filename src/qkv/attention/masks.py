@@ -1,279 +1,382 @@
-"""Attention masks: build them, combine them, convert them, and check them.
+"""Attention masks: what a mask means, defined once, plus the builders users call.
 
 Polarity, once and for all:
 
 * **keep** (SDPA, ``qkv.scaled_dot_product_attention``): a boolean mask where True means the
-  query *may attend* to the key. Every builder here returns keep masks.
+  query *may attend* to the key. Every builder returns keep masks.
 * **drop** (``torch.nn.MultiheadAttention``'s ``attn_mask`` and ``key_padding_mask``): True
   means the key is *ignored*. Convert with :func:`from_mha` and :func:`to_mha`.
 * **float** masks have no polarity: they are added to the scores, ``-inf`` hides a key.
 
-Shapes: ``T`` queries, ``S`` keys, ``B`` batch. Builders return ``(T, S)`` for position masks
-and ``(B, 1, 1, S)`` for padding masks, both broadcastable to the scores ``(B, H, T, S)``.
+This module has two halves. The builders and the linter (``causal``, ``sliding_window``,
+``padding``, ``combine``, ``check``, ...; see :mod:`qkv.attention.mask_builders` and
+:mod:`qkv.attention.mask_lint`) are for users. The rest defines the mask parts of a validated
+:class:`~qkv.attention.call.AttentionCall` (a dense user mask, a causal diagonal, a sliding
+window, ALiBi slopes) for every backend and for :mod:`qkv.attention.weights`:
+
+* :func:`check_attn_mask` is the one validation of a user mask (run by ``make_call``);
+* :func:`structure_keep`, :func:`alibi_bias` and :func:`mask_tile` give each part for any
+  tile of queries × keys, :func:`apply_mask` applies them all to a score tile and
+  :func:`dense_mask` materialises them as one ``(B|1, H|1, T, S)`` tensor;
+* rows with no visible key ("dead rows") give zero weights and zero output on every backend:
+  :func:`dead_rows`, :func:`safe_row_max`, :func:`safe_total` and :func:`safe_lse` are that
+  rule, written once.
+
+Shapes: ``B`` batch, ``H`` query heads, ``T`` queries, ``S`` keys; ``H'``, ``T'``, ``S'`` a
+selection of heads, a slice of queries, a slice of keys.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from qkv.attention.errors import AttentionArgumentError, AttentionTypeError
+from qkv.attention.mask_builders import (
+    causal,
+    combine,
+    from_mha,
+    padding,
+    padding_from_ids,
+    sliding_window,
+    to_additive,
+    to_mha,
+)
+from qkv.attention.mask_lint import MaskReport, check
+
+try:  # torch >= 2.2: causal mask objects (a tensor subclass with no usable storage)
+    from torch.nn.attention.bias import CausalBias, CausalVariant
+except ImportError:  # pragma: no cover - older torch
+    CausalBias = CausalVariant = None
+
+try:  # a tensor subclass whose values are only meaningful with its own mask
+    from torch.masked import MaskedTensor
+except ImportError:  # pragma: no cover - older torch
+    MaskedTensor = None
+
+if TYPE_CHECKING:
+    from qkv.attention.call import AttentionCall
+
 __all__ = [
     "MaskReport",
+    "alibi_bias",
+    "apply_mask",
     "causal",
+    "causal_shift",
     "check",
+    "check_attn_mask",
     "combine",
+    "dead_rows",
+    "dense_mask",
     "from_mha",
+    "mask_tile",
     "padding",
     "padding_from_ids",
+    "safe_lse",
+    "safe_row_max",
+    "safe_total",
     "sliding_window",
+    "split_causal_bias",
+    "structure_keep",
     "to_additive",
     "to_mha",
 ]
 
-_ALIGNS = ("top-left", "bottom-right")
+Rows = slice | None
 
 
-def _diagonal(T: int, S: int, align: str, offset: int) -> int:
-    """Index shift so that query ``i`` is at key position ``i + shift``."""
-    if align not in _ALIGNS:
-        raise ValueError(f"align must be one of {_ALIGNS}, got {align!r}")
-    if not isinstance(offset, int):
-        raise TypeError(f"offset must be an int, got {type(offset).__name__}")
-    return offset + (S - T if align == "bottom-right" else 0)
+def _shape(t: Tensor) -> str:
+    return str(tuple(t.shape))
 
 
-def _check_lengths(T: int, S: int | None) -> int:
-    for name, n in (("T", T), ("S", S if S is not None else T)):
-        if not isinstance(n, int) or n < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {n!r}")
-    return T if S is None else S
+# --- validation: once, at the public boundary ---------------------------------------------
 
 
-def causal(
-    T: int,
-    S: int | None = None,
+def check_attn_mask(
+    mask: object,
+    full_shape: tuple[int, ...],
     *,
-    align: str = "top-left",
-    offset: int = 0,
-    device: torch.device | str | None = None,
+    name: str = "attn_mask",
+    device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Tensor:
-    """Keep mask ``(T, S)`` letting query ``i`` see keys up to its own position.
+    """Validate a user mask for scores of shape ``full_shape = (*batch, H, T, S)``.
 
-    Args:
-        T: number of queries.
-        S: number of keys (defaults to ``T``).
-        align: ``"top-left"`` (torch's ``is_causal``: query ``i`` sees keys ``j <= i``) or
-            ``"bottom-right"`` (the last query sees the last key: ``j <= i + S - T``, the
-            alignment of decoding with a cache of ``S - T`` earlier keys).
-        offset: extra shift of the queries: query ``i`` sits at position ``i + offset``.
-            Cached decoding of one new token after ``n`` cached ones is ``T=1, S=n+1,
-            offset=n`` (equivalently ``align="bottom-right"``).
-        device: where to build the mask.
+    Checks the type (a strided tensor; nested, sparse and masked tensors are refused), the dtype
+    (bool keep mask or float additive mask), the device, that the shape broadcasts to
+    ``full_shape`` without enlarging it, and that a float mask holds no NaN or ``+inf`` (a
+    host sync: call this once per forward, not per layer of a kernel). A
+    :class:`torch.nn.attention.bias.CausalBias` is materialised as its ``(T, S)`` keep mask.
 
     Returns:
-        Boolean ``(T, S)``, True where the query may attend.
-    """
-    S = _check_lengths(T, S)
-    shift = _diagonal(T, S, align, offset)
-    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=shift)
-
-
-def sliding_window(
-    T: int,
-    S: int | None = None,
-    *,
-    window: int,
-    align: str = "top-left",
-    offset: int = 0,
-    device: torch.device | str | None = None,
-) -> Tensor:
-    """Causal keep mask ``(T, S)`` that also hides keys more than ``window - 1`` behind.
-
-    Query ``i`` (at position ``p = i + shift``, see :func:`causal`) sees keys
-    ``p - window < j <= p``: itself and the ``window - 1`` keys before it.
+        The mask as 4-D ``(B|1, H|1, T|1, S|1)`` with ``B = prod(batch)`` (a view when the
+        leading dimensions are all 1); float masks cast to ``dtype`` when given.
 
     Raises:
-        ValueError: ``window`` is not a positive int.
+        AttentionTypeError: not a tensor, an unusual tensor, neither bool nor float.
+        AttentionArgumentError: wrong device, shape that does not broadcast, NaN or +inf.
     """
-    if not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be a positive int, got {window!r}")
-    S = _check_lengths(T, S)
-    shift = _diagonal(T, S, align, offset)
-    ones = torch.ones(T, S, dtype=torch.bool, device=device)
-    return ones.tril(diagonal=shift) & ones.triu(diagonal=shift - window + 1)
-
-
-def padding(lengths: Tensor | Sequence[int], S: int | None = None) -> Tensor:
-    """Keep mask ``(B, 1, 1, S)`` hiding the padded keys of each sequence.
-
-    Args:
-        lengths: ``(B,)`` number of real (leading) tokens in each sequence.
-        S: padded length; defaults to ``max(lengths)``.
-
-    Raises:
-        ValueError: negative lengths, lengths over ``S``, or not 1-D.
-    """
-    lengths = torch.as_tensor(lengths)
-    if lengths.dim() != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
-        raise ValueError(
-            f"lengths must be a 1-D integer tensor (B,), got shape {tuple(lengths.shape)} "
-            f"and dtype {lengths.dtype}"
+    if not isinstance(mask, Tensor):
+        raise AttentionTypeError(f"{name} must be a torch.Tensor or None, got {type(mask)}")
+    if CausalBias is not None and isinstance(mask, CausalBias):
+        mask = mask._materialize(mask.device)  # (T, S) bool: the object has no real storage
+    if MaskedTensor is not None and isinstance(mask, MaskedTensor):
+        raise AttentionTypeError(
+            f"{name} is a torch.masked.MaskedTensor; pass a plain tensor: its keep mask "
+            "(mask.get_mask()) or an additive float mask"
         )
-    longest = int(lengths.max()) if lengths.numel() else 0
-    S = longest if S is None else S
-    if lengths.numel() and (int(lengths.min()) < 0 or longest > S):
-        raise ValueError(f"lengths must lie in [0, S={S}], got {lengths.tolist()}")
-    positions = torch.arange(S, device=lengths.device)  # (S,)
-    keep = positions[None, :] < lengths[:, None]  # (B, S)
-    return keep[:, None, None, :]  # (B, 1, 1, S)
-
-
-def padding_from_ids(ids: Tensor, pad_id: int) -> Tensor:
-    """Keep mask ``(B, 1, 1, S)`` hiding every position of ``ids (B, S)`` equal to ``pad_id``."""
-    if not isinstance(ids, Tensor) or ids.dim() != 2:
-        shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
-        raise ValueError(f"ids must be a (B, S) tensor of token ids, got {shape}")
-    return (ids != pad_id)[:, None, None, :]  # (B, 1, 1, S)
-
-
-def to_additive(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Float mask of ``dtype``: 0 where a keep mask is True, ``-inf`` where False.
-
-    A float mask is returned cast to ``dtype``.
-    """
-    if mask.dtype == torch.bool:
-        zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-        return zeros.masked_fill(~mask, float("-inf"))
-    if not mask.is_floating_point():
-        raise TypeError(f"mask must be bool or float, got dtype {mask.dtype}")
-    return mask.to(dtype)
-
-
-def from_mha(mask: Tensor) -> Tensor:
-    """Convert a ``torch.nn.MultiheadAttention`` mask (bool True = ignore) to SDPA polarity.
-
-    Boolean masks are inverted; float masks are returned unchanged (they have no polarity).
-    """
-    if mask.dtype == torch.bool:
-        return ~mask
-    if not mask.is_floating_point():
-        raise TypeError(f"mask must be bool or float, got dtype {mask.dtype}")
+    if mask.is_nested or mask.layout != torch.strided:
+        kind = "a nested tensor" if mask.is_nested else f"a tensor with layout {mask.layout}"
+        raise AttentionTypeError(
+            f"{name} must be a dense (strided) tensor, got {kind}; convert it with "
+            ".to_dense() or build one mask per sequence"
+        )
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise AttentionTypeError(
+            f"{name} must be boolean (True = may attend) or floating point (added to the "
+            f"scores), got dtype {mask.dtype}"
+        )
+    if device is not None and mask.device != device:
+        raise AttentionArgumentError(f"{name} is on {mask.device} but query is on {device}")
+    mask = _broadcast(mask, tuple(full_shape), name)
+    if mask.is_floating_point():
+        if torch.isnan(mask).any():
+            raise AttentionArgumentError(f"{name} contains NaN; use -inf to hide a key")
+        if torch.isposinf(mask).any():
+            raise AttentionArgumentError(
+                f"{name} contains +inf, which makes the softmax NaN; use large finite "
+                "values to favour a key"
+            )
+        if dtype is not None:
+            mask = mask.to(dtype)
     return mask
 
 
-def to_mha(mask: Tensor) -> Tensor:
-    """Convert an SDPA keep mask to ``torch.nn.MultiheadAttention`` polarity (True = ignore)."""
-    return from_mha(mask)  # inversion is its own inverse
+def _broadcast(mask: Tensor, full: tuple[int, ...], name: str) -> Tensor:
+    """``mask`` viewed as 4-D ``(B|1, H|1, T|1, S|1)`` for scores of shape ``full``."""
+    expected = "(" + ", ".join(str(s) for s in full) + ")"
+    if mask.dim() > len(full):
+        raise AttentionArgumentError(
+            f"{name} has shape {_shape(mask)} with {mask.dim()} dimensions, more than the "
+            f"attention scores {expected} it must broadcast to"
+        )
+    # Compared from the right, as broadcasting does (torch.broadcast_shapes costs ~70 µs).
+    pairs = list(zip(reversed(mask.shape), reversed(full), strict=False))
+    if any(m != f and m != 1 and f != 1 for m, f in pairs):
+        raise AttentionArgumentError(
+            f"{name} of shape {_shape(mask)} does not broadcast to the attention scores "
+            f"(..., H, T, S) = {expected}"
+        )
+    if any(m != f and m != 1 for m, f in pairs):
+        raise AttentionArgumentError(
+            f"{name} of shape {_shape(mask)} would enlarge the attention scores {expected}"
+        )
+    m = mask.reshape((1,) * (len(full) - mask.dim()) + tuple(mask.shape))  # (*batch, H|1, T|1, S|1)
+    lead, tail = m.shape[:-3], m.shape[-3:]
+    if all(s == 1 for s in lead):
+        return m.reshape(1, *tail)  # (1, H|1, T|1, S|1)
+    m = m.expand(*full[:-3], *tail)
+    return m.reshape(math.prod(full[:-3]), *tail)  # (B, H|1, T|1, S|1)
 
 
-def combine(*masks: Tensor | None) -> Tensor | None:
-    """Intersect masks: a key is visible only where every mask lets it through.
+def causal_shift(is_causal: bool | str | None, T: int, S: int) -> int | None:
+    """The causal diagonal shift ``c`` (query ``i`` sees keys ``j <= i + c``), or None.
 
-    ``None`` entries are skipped. All-boolean inputs give a boolean keep mask (logical and);
-    any float input gives a float mask (booleans become 0/-inf, floats are summed). The
-    result has the broadcast shape of the inputs.
+    ``True``/``"top-left"`` give 0 (torch's ``is_causal``), ``"bottom-right"`` gives ``S - T``.
+    """
+    if is_causal is False or is_causal is None:
+        return None
+    if is_causal is True or is_causal == "top-left":
+        return 0
+    if is_causal == "bottom-right":
+        return S - T
+    raise AttentionArgumentError(
+        f"is_causal must be a bool, 'top-left' or 'bottom-right', got {is_causal!r}"
+    )
+
+
+def split_causal_bias(
+    attn_mask: object, is_causal: bool | str, T: int, S: int
+) -> tuple[object, bool | str]:
+    """Turn a :class:`torch.nn.attention.bias.CausalBias` ``attn_mask`` into ``is_causal``.
+
+    ``causal_upper_left(T, S)`` becomes ``is_causal=True`` and ``causal_lower_right(T, S)``
+    ``"bottom-right"``, so the backends see a structure (skipped tiles) rather than a tensor.
+    Any other ``attn_mask`` is returned unchanged.
 
     Raises:
-        ValueError: shapes that do not broadcast together.
+        AttentionArgumentError: combined with ``is_causal`` (torch refuses this too), or built
+            for other lengths than the call's ``(T, S)``.
     """
-    present = [m for m in masks if m is not None]
-    if not present:
+    if CausalBias is None or not isinstance(attn_mask, CausalBias):
+        return attn_mask, is_causal
+    if is_causal is not False and is_causal is not None:
+        raise AttentionArgumentError(
+            "attn_mask is a torch.nn.attention.bias.CausalBias, already a causal mask; do "
+            "not also pass is_causal (torch refuses this combination too)"
+        )
+    T_b, S_b = attn_mask.seq_len_q, attn_mask.seq_len_kv
+    if (T_b, S_b) != (T, S):
+        raise AttentionArgumentError(
+            f"attn_mask is a CausalBias built for (T, S) = ({T_b}, {S_b}) but the call has "
+            f"T={T} queries and S={S} keys"
+        )
+    lower_right = attn_mask.variant == CausalVariant.LOWER_RIGHT
+    return None, ("bottom-right" if lower_right else True)
+
+
+# --- the mask parts of a call, for any tile ------------------------------------------------
+
+
+def _range(n: int, part: Rows) -> range:
+    return range(n)[part or slice(None)]
+
+
+def structure_keep(call: AttentionCall, rows: Rows = None, cols: Rows = None) -> Tensor | None:
+    """Keep mask ``(T', S')`` of the causal diagonal and sliding window for a tile, or None.
+
+    Query ``i`` sees key ``j`` iff ``j <= i + c`` and (with a window ``w``) ``j > i + c - w``,
+    ``c`` the call's causal shift.
+    """
+    if call.causal is None:
         return None
-    try:
-        torch.broadcast_shapes(*(m.shape for m in present))
-    except RuntimeError:
-        shapes = ", ".join(str(tuple(m.shape)) for m in present)
-        raise ValueError(f"masks of shapes {shapes} do not broadcast together") from None
-    if all(m.dtype == torch.bool for m in present):
-        out = present[0]
-        for m in present[1:]:
-            out = out & m
-        return out
-    dtype = next(m.dtype for m in present if m.dtype != torch.bool)
-    out = to_additive(present[0], dtype)
-    for m in present[1:]:
-        out = out + to_additive(m, dtype)
-    return out
+    r, c = _range(call.T, rows), _range(call.S, cols)
+    device = call.query.device
+    i = torch.arange(r.start, r.stop, device=device)[:, None]  # (T', 1)
+    j = torch.arange(c.start, c.stop, device=device)[None, :]  # (1, S')
+    keep = j <= i + call.causal  # (T', S')
+    if call.window is not None:
+        keep &= j > i + call.causal - call.window
+    return keep
 
 
-@dataclass(frozen=True)
-class MaskReport:
-    """What :func:`check` found. ``ok`` is True when there is nothing to report.
+def alibi_bias(
+    call: AttentionCall,
+    rows: Rows = None,
+    cols: Rows = None,
+    heads: Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor | None:
+    """ALiBi bias ``(H', T', S')`` in ``dtype`` for a tile, or None without ALiBi.
 
-    Attributes:
-        problems: errors that make the mask unusable (wrong dtype or shape, NaN).
-        warnings: legal but probably unintended (rows with no visible key, +inf).
-        dead_rows: number of query rows (over all broadcast positions) with no visible key.
+    ``bias[h, i, j] = -slope_h · |i + a - j|``, ``a`` the call's :attr:`alibi_shift`
+    (Press et al., 2022). ``heads`` (a long tensor) selects query heads.
     """
-
-    problems: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    dead_rows: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems and not self.warnings
-
-    def __str__(self) -> str:
-        if self.ok:
-            return "mask ok"
-        lines = [f"error: {p}" for p in self.problems]
-        lines += [f"warning: {w}" for w in self.warnings]
-        return "\n".join(lines)
+    if call.alibi is None:
+        return None
+    r, c = _range(call.T, rows), _range(call.S, cols)
+    device = call.query.device
+    i = torch.arange(r.start, r.stop, device=device, dtype=dtype)[:, None]  # (T', 1)
+    j = torch.arange(c.start, c.stop, device=device, dtype=dtype)[None, :]  # (1, S')
+    slopes = call.alibi if heads is None else call.alibi[heads]
+    distance = (i + call.alibi_shift - j).abs()  # (T', S')
+    return -slopes.to(dtype)[:, None, None] * distance  # (H', T', S')
 
 
-def check(
-    mask: object,
-    T: int,
-    S: int,
+def mask_tile(
+    call: AttentionCall, rows: Rows = None, cols: Rows = None, heads: Tensor | None = None
+) -> Tensor | None:
+    """The user mask sliced to a tile: ``(B|1, H'|1, T'|1, S'|1)``, or None.
+
+    Broadcast (size-1) dimensions are left alone, so no copy is made.
+    """
+    m = call.mask
+    if m is None:
+        return None
+    if heads is not None and m.shape[1] > 1:
+        m = m[:, heads]
+    if rows is not None and m.shape[2] > 1:
+        m = m[:, :, rows]
+    if cols is not None and m.shape[3] > 1:
+        m = m[..., cols]
+    return m
+
+
+def apply_mask(
+    scores: Tensor,
+    call: AttentionCall,
+    rows: Rows = None,
+    cols: Rows = None,
+    heads: Tensor | None = None,
     *,
-    batch_shape: Sequence[int] = (),
-    num_heads: int | None = None,
-) -> MaskReport:
-    """Say what is wrong with ``mask`` for scores of shape ``(*batch_shape, H, T, S)``.
+    structure: bool = True,
+    inplace: bool = False,
+) -> Tensor:
+    """Apply every mask part of ``call`` to a score tile ``(B, H', T', S')``.
 
-    Checks the type and dtype (bool keep mask or float additive mask), that the shape
-    broadcasts without enlarging the scores, NaN and +inf in float masks, and query rows with
-    no visible key (which attention turns into zero rows). Never raises on a bad mask.
+    In order: the causal diagonal and window (hidden keys get ``-inf``; skipped when
+    ``structure`` is False, for a tile a plan knows lies wholly inside them), ALiBi (added)
+    and the user mask (a bool keep mask hides, a float mask is added). Additions happen in
+    the scores' dtype. ``inplace`` overwrites ``scores`` (for tiles outside autograd).
     """
-    problems: list[str] = []
-    warnings: list[str] = []
-    if not isinstance(mask, Tensor):
-        return MaskReport(problems=[f"mask must be a torch.Tensor, got {type(mask).__name__}"])
-    if mask.dtype != torch.bool and not mask.is_floating_point():
-        problems.append(
-            f"dtype {mask.dtype} is neither bool (True = may attend) nor float (added to the "
-            "scores); integer 0/1 masks are ambiguous, convert with mask.bool()"
-        )
-    heads = () if num_heads is None else (num_heads,)
-    full = (*batch_shape, *heads, T, S)
-    try:
-        fits = torch.broadcast_shapes(mask.shape, full) == torch.Size(full)
-    except RuntimeError:
-        fits = False
-    if not fits or mask.dim() > len(full):
-        problems.append(
-            f"shape {tuple(mask.shape)} does not broadcast to the scores {full} "
-            "(expected trailing dimensions (T, S) or 1s)"
-        )
-    if problems:
-        return MaskReport(problems=problems)
-    dead = 0
+    s = scores
+    keep = structure_keep(call, rows, cols) if structure else None
+    if keep is not None:
+        s = s.masked_fill_(~keep, float("-inf")) if inplace else s.masked_fill(~keep, float("-inf"))
+    bias = alibi_bias(call, rows, cols, heads, dtype=s.dtype)
+    if bias is not None:
+        s = s.add_(bias) if inplace else s + bias
+    m = mask_tile(call, rows, cols, heads)
+    if m is not None:
+        if m.dtype == torch.bool:
+            s = s.masked_fill_(~m, float("-inf")) if inplace else s.masked_fill(~m, float("-inf"))
+        else:
+            s = s.add_(m.to(s.dtype)) if inplace else s + m.to(s.dtype)
+    return s
+
+
+def dense_mask(call: AttentionCall) -> Tensor | None:
+    """Every mask part of ``call`` as one ``(B|1, H|1, T, S)`` tensor (bool keep or float).
+
+    Bool when only boolean parts exist, else float in the query's dtype (``-inf`` hides).
+    O(T·S) memory: the structure-aware backends apply the parts per tile instead.
+    """
+    keep = structure_keep(call)
+    bias = alibi_bias(call, dtype=call.query.dtype)
+    mask = call.mask
+    if keep is not None:
+        if mask is None:
+            mask = keep[None, None]  # (1, 1, T, S)
+        elif mask.dtype == torch.bool:
+            mask = mask & keep  # (B|1, H|1, T, S)
+        else:
+            mask = torch.where(keep, mask, float("-inf"))  # (B|1, H|1, T, S)
+    if bias is not None:
+        bias = bias[None]  # (1, H, T, S)
+        if mask is None:
+            mask = bias
+        elif mask.dtype == torch.bool:
+            mask = bias.masked_fill(~mask, float("-inf"))
+        else:
+            mask = mask + bias
+    return mask
+
+
+# --- dead rows: no visible key gives zero weights, zero output, zero gradient ---------------
+
+
+def dead_rows(mask: Tensor) -> Tensor:
+    """Rows of a dense mask ``(..., T|1, S)`` with no visible key: ``(..., T|1, 1)`` bool."""
     if mask.dtype == torch.bool:
-        if S > 0:
-            dead = int((~mask.any(dim=-1)).sum())
-    else:
-        if torch.isnan(mask).any():
-            problems.append(f"{int(torch.isnan(mask).sum())} NaN entries; use -inf to hide")
-        if torch.isposinf(mask).any():
-            warnings.append("+inf entries give NaN weights; use large finite values")
-        if S > 0:
-            dead = int(torch.isneginf(mask).all(dim=-1).sum())
-    if dead:
-        warnings.append(
-            f"{dead} query row(s) see no key; attention gives them zero output and weights"
-        )
-    return MaskReport(problems=problems, warnings=warnings, dead_rows=dead)
+        return ~mask.any(dim=-1, keepdim=True)
+    return torch.isneginf(mask).all(dim=-1, keepdim=True)
+
+
+def safe_row_max(row_max: Tensor) -> Tensor:
+    """Row maxima with the dead rows' ``-inf`` replaced by 0: ``exp(s - max)`` is then an
+    exact 0 on a dead row instead of ``exp(-inf + inf) = NaN``."""
+    return row_max.masked_fill(torch.isneginf(row_max), 0.0)
+
+
+def safe_total(total: Tensor) -> Tensor:
+    """Softmax denominators with a dead row's 0 replaced by 1 (its numerators are all 0)."""
+    return total.masked_fill(total == 0, 1.0)
+
+
+def safe_lse(lse: Tensor) -> Tensor:
+    """Log-sum-exp with a dead row's ``-inf`` replaced by ``+inf``: ``exp(s - lse) = 0`` for
+    every key of the row, so weights rebuilt from it (and their gradients) are zeros."""
+    return lse.masked_fill(torch.isneginf(lse), float("inf"))

@@ -3,7 +3,8 @@
     Attention(Q, K, V) = softmax(Q·Kᵀ · scale + mask) · V        (Vaswani et al., 2017)
 
 This module only validates (``call.py``), dispatches (``dispatch.py``), runs a backend and
-restores the caller's shapes; the arithmetic lives in ``backends/``.
+restores the caller's shapes; the arithmetic lives in ``backends/``. Callers that already
+hold a validated :class:`AttentionCall` (the ``nn`` attention core) use :func:`run_call`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from qkv.attention import dispatch
 from qkv.attention.call import AttentionCall, make_call
 from qkv.attention.dispatch import Explanation
 
-__all__ = ["explain", "scaled_dot_product_attention"]
+__all__ = ["explain", "run_call", "scaled_dot_product_attention"]
 
 
 def scaled_dot_product_attention(
@@ -37,9 +38,13 @@ def scaled_dot_product_attention(
     Args:
         query: ``(..., H, T, D)``; any number of leading batch dimensions (or ``(T, D)``).
         key: ``(..., Hkv, S, D)``; ``Hkv == H`` unless ``enable_gqa``.
-        value: ``(..., Hkv, S, Dv)``.
+        value: ``(..., Hkv, S, Dv)``. Leading dimensions (heads included) of the three
+            broadcast as in torch, across ranks too: ``query (4, 3, 8)`` with
+            ``key (4, 4, 6, 8)`` is 4 batches of 4 heads.
         attn_mask: ``None``; a boolean mask where True means *may attend*; or a float mask
             added to the scores (``-inf`` hides a key). Broadcastable to ``(..., H, T, S)``.
+            torch's ``causal_upper_left(T, S)`` / ``causal_lower_right(T, S)`` objects
+            (``torch.nn.attention.bias``) mean ``is_causal=True`` / ``"bottom-right"``.
         dropout_p: probability of zeroing an attention weight; applied only when > 0, so pass
             0 in evaluation.
         is_causal: hide keys after the query. ``True`` (or ``"top-left"``) aligns top-left
@@ -66,18 +71,39 @@ def scaled_dot_product_attention(
         applied (after dropout).
 
     Raises:
-        TypeError: non-tensors, integer or mixed dtypes, a mask that is neither bool nor float.
-        ValueError: ranks, widths, lengths or head counts that do not fit, a mask that does not
-            broadcast or holds NaN, an unknown backend, or a backend that cannot honour the
-            call (``backend="torch"`` with ``need_weights=True``).
+        AttentionTypeError: (a ``TypeError`` and a ``RuntimeError``) non-tensors, integer or
+            mixed dtypes, a mask that is neither bool nor float, a nested or sparse mask.
+        AttentionArgumentError: (a ``ValueError`` and a ``RuntimeError``, so code written
+            for torch's errors catches it) widths, lengths or head counts that do not fit or
+            broadcast, a mask that does not broadcast or holds NaN or +inf, a
+            ``CausalBias`` mask with ``is_causal``, an unknown backend, or a backend that
+            cannot honour the call (``backend="torch"`` with ``need_weights=True``).
     """
     call = make_call(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, need_weights,
         window, alibi_slopes,
     )
-    impl = dispatch.select(call, backend)
-    out, weights = impl.run(call)
+    out, weights = run_call(call, backend)
     return _finish(call, out, weights)
+
+
+def run_call(call: AttentionCall, backend: str = "auto") -> tuple[Tensor, Tensor | None]:
+    """Dispatch and run an already validated call, with no validation of its tensors.
+
+    Args:
+        call: an :class:`AttentionCall` (from :func:`~qkv.attention.call.make_call`, or built
+            directly from 4-D inputs by a caller that has checked them; a user mask in it
+            must come from :func:`qkv.attention.masks.check_attn_mask`).
+        backend: as in :func:`scaled_dot_product_attention`.
+
+    Returns:
+        ``(out (B, H, T, Dv), weights (B, H, T, S) or None)`` in the call's 4-D layout;
+        weights only when ``call.need_weights``.
+
+    Raises:
+        AttentionArgumentError: an unknown backend, or one that cannot honour the call.
+    """
+    return dispatch.select(call, backend).run(call)
 
 
 def _finish(

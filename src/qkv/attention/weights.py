@@ -13,7 +13,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from qkv.attention.call import AttentionCall, alibi_block, make_call, structure_keep
+from qkv.attention.call import AttentionCall, make_call
+from qkv.attention.errors import AttentionArgumentError
+from qkv.attention.masks import apply_mask, safe_lse
 
 __all__ = ["attention_weights", "rebuild"]
 
@@ -24,11 +26,15 @@ def rebuild(
     *,
     heads: Sequence[int] | None = None,
     rows: slice | None = None,
+    lse_differentiable: bool = True,
 ) -> Tensor:
     """Weights ``(B, H', T', S)`` of ``call`` from its ``lse (B, H, T)``.
 
     ``heads`` selects query heads (default all), ``rows`` a slice of query rows (default all).
-    Rows with no visible key (``lse = -inf``) get zero weights.
+    Rows with no visible key (``lse = -inf``, or any lse: their scores are all ``-inf``) get
+    zero weights. With ``lse_differentiable=False`` (an lse from a kernel whose lse output
+    carries no gradient, such as torch's CPU flash kernel) the gradient ``d lse_i / d s_ij =
+    w_ij`` is added here, so the weights differentiate exactly as the softmax does.
     """
     q, k = call.query, call.key
     H, G = call.num_heads, call.groups
@@ -42,23 +48,17 @@ def rebuild(
     qs = q[:, head_idx, rows].to(acc) * call.scale  # (B, H', T', D)
     ks = k[:, head_idx // G].to(acc)  # (B, H', S, D): the key/value head each query head reads
     s = qs @ ks.transpose(-2, -1)  # (B, H', T', S)
-    keep = structure_keep(call, rows=rows)
-    if keep is not None:
-        s = s.masked_fill(~keep, float("-inf"))
-    bias = alibi_block(call, rows=rows)
-    if bias is not None:
-        s = s + bias[head_idx].to(acc)
-    if call.mask is not None:
-        m = call.mask
-        m = m[:, head_idx] if m.shape[1] > 1 else m
-        m = m[:, :, rows] if m.shape[2] > 1 else m
-        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.to(acc)
-    l = lse[:, head_idx, rows][..., None]  # (B, H', T', 1)
-    l = l.masked_fill(torch.isneginf(l), float("inf"))  # rows with no key: exp(-inf) = 0
+    s = apply_mask(s, call, rows=rows, heads=head_idx)
+    l = safe_lse(lse[:, head_idx, rows][..., None])  # (B, H', T', 1); dead rows: +inf
     # lse in two parts, hi + lo: s - hi is exact where it matters (s near hi), so the weights
     # keep the precision of the scores instead of that of lse rounded to their dtype.
     hi = l.to(acc)
     lo = torch.nan_to_num(l - hi.to(l.dtype), nan=0.0).to(acc)
+    if not lse_differentiable and s.requires_grad:
+        # Worth zero, with gradient w_ij: the path through lse the kernel did not record.
+        w0 = torch.exp((s.detach() - hi) - lo)  # (B, H', T', S)
+        shift = torch.where(torch.isneginf(s.detach()), 0.0, s - s.detach())  # (B, H', T', S)
+        hi = hi + (w0 * shift).sum(-1, keepdim=True)  # (B, H', T', 1)
     return torch.exp((s - hi) - lo).to(q.dtype)
 
 
@@ -83,7 +83,7 @@ def attention_weights(
     be the ones the lse was computed with. Returns ``(..., H', T', S)``.
 
     Raises:
-        ValueError: ``lse`` of the wrong shape, and every error of the attention call.
+        AttentionArgumentError: ``lse`` of the wrong shape, and every error of the attention call.
     """
     call = make_call(
         query, key, key, attn_mask, 0.0, is_causal, scale, enable_gqa, True, window,
@@ -92,7 +92,7 @@ def attention_weights(
     expected = (*call.batch_shape, call.num_heads, call.T)
     if not isinstance(lse, Tensor) or tuple(lse.shape) != expected:
         got = tuple(lse.shape) if isinstance(lse, Tensor) else type(lse).__name__
-        raise ValueError(f"lse must have shape (..., H, T) = {expected}, got {got}")
+        raise AttentionArgumentError(f"lse must have shape (..., H, T) = {expected}, got {got}")
     lse4 = lse.reshape(-1, call.num_heads, call.T)  # (B, H, T)
     w = rebuild(call, lse4, heads=heads, rows=rows)  # (B, H', T', S)
     return w.reshape(*call.batch_shape, *w.shape[1:])  # (..., H', T', S)

@@ -13,7 +13,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from qkv.attention.call import AttentionCall, dense_mask
+from qkv.attention.call import AttentionCall
+from qkv.attention.masks import apply_mask, safe_row_max, safe_total
 
 NAME = "math"
 
@@ -31,11 +32,9 @@ def softmax_rows(scores: Tensor) -> Tensor:
     """
     if scores.shape[-1] == 0:
         return scores  # no keys: an empty row of weights
-    top = scores.amax(dim=-1, keepdim=True).detach()
-    top = top.masked_fill(torch.isneginf(top), 0.0)  # hidden rows: exp(-inf - 0) = 0
+    top = safe_row_max(scores.amax(dim=-1, keepdim=True).detach())  # dead rows: 0
     e = torch.exp(scores - top)
-    total = e.sum(dim=-1, keepdim=True)
-    return e / total.masked_fill(total == 0, 1.0)
+    return e / safe_total(e.sum(dim=-1, keepdim=True))
 
 
 def run(
@@ -62,12 +61,7 @@ def run(
     # 2) Scale by 1/sqrt(D) (or the caller's scale) so the softmax does not saturate.
     scores = scores * call.scale
     # 3) Mask: hidden keys get -inf (weight exactly 0); float masks and ALiBi are added.
-    mask = dense_mask(call)
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        else:
-            scores = scores + mask.to(acc)
+    scores = apply_mask(scores, call)
     if on_scores is not None:
         scores = on_scores(scores)
     # 4) Softmax over the keys (half precision accumulates in float32).

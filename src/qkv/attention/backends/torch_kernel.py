@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from qkv.attention.call import AttentionCall, dead_rows, dense_mask
+from qkv.attention.call import AttentionCall
+from qkv.attention.masks import dead_rows, dense_mask, to_additive
 
 NAME = "torch"
 
@@ -22,12 +23,23 @@ NAME = "torch"
 NATIVE_DEAD_ROWS = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
+# torch's CPU flash kernel, which also returns the log-sum-exp the weights are rebuilt from.
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
 def why_not(call: AttentionCall) -> str | None:
     """Reasons torch's kernel cannot honour ``call``, or ``None``."""
-    if call.need_weights:
-        return "the fused kernel does not return attention weights"
     if call.T == 0 or call.S == 0:
         return "empty sequence (T or S is 0)"
+    if call.need_weights:
+        if call.query.device.type != "cpu" or _CPU_FLASH is None or not NATIVE_DEAD_ROWS:
+            return "the fused kernel does not return attention weights"
+        if call.dropout_p > 0.0:
+            return "weights after dropout cannot be rebuilt from the log-sum-exp"
+        if call.value.shape[-1] != call.query.shape[-1]:
+            return "torch's CPU kernel returns the log-sum-exp only when Dv == D"
+        if call.groups > 1 and not call.plain:
+            return "weights of grouped-query heads under a mask are rebuilt by flash"
     return None
 
 
@@ -47,7 +59,7 @@ def prefer_not(call: AttentionCall) -> str | None:
         )
     half = call.query.dtype in (torch.float16, torch.bfloat16)
     if half and call.query.device.type == "cpu":
-        # Measured (benchmarks/suite.py, 2-core AVX2 CPU): torch's half-precision CPU backward
+        # Measured (qkv/bench/suite.py, 2-core AVX2 CPU): torch's half-precision CPU backward
         # is ~4x slower than flash's, and its one-query decode ~1.6x slower up to S = 8192.
         grads = torch.is_grad_enabled() and any(
             t.requires_grad for t in (call.query, call.key, call.value)
@@ -60,7 +72,10 @@ def prefer_not(call: AttentionCall) -> str | None:
 
 
 def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
-    """Output ``(B, H, T, Dv)`` from torch's fused kernel; weights are never returned."""
+    """Output ``(B, H, T, Dv)`` from torch's fused kernel and, when asked (on CPU), exact
+    weights ``(B, H, T, S)`` rebuilt from its log-sum-exp."""
+    if call.need_weights:
+        return _run_with_weights(call)
     q, k, v = call.query, call.key, call.value
     B, H, T, D = q.shape
     G = call.groups
@@ -94,3 +109,26 @@ def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
         out = out.masked_fill(dead, 0.0)
     return out, None
 
+
+def _run_with_weights(call: AttentionCall) -> tuple[Tensor, Tensor]:
+    """torch's CPU flash kernel for the output and lse, then the weights rebuilt exactly
+    (:func:`qkv.attention.weights.rebuild`), as the flash backend does with its own lse.
+
+    Measured (1 thread, B=8, H=8, D=64, float32): 0.8 / 11 / 244 ms at T=S=32 / 128 / 512,
+    against 1.2 / 12 / 308 ms for flash + rebuild. Its lse carries no gradient; rebuild adds
+    that path, so the weights differentiate as the softmax does.
+    """
+    from qkv.attention.weights import rebuild
+
+    q, k, v = call.query, call.key, call.value
+    B, H, T, D = q.shape
+    Hkv, Dv = k.shape[1], v.shape[3]
+    if call.groups > 1:  # plain (why_not): fold the group into the query length
+        q = q.reshape(B, Hkv, call.groups * T, D)  # (B, Hkv, G·T, D)
+    top_left = call.causal == 0 and call.window is None and call.mask is None
+    top_left = top_left and call.alibi is None
+    mask = None if top_left or call.plain else to_additive(dense_mask(call), q.dtype)
+    out, lse = _CPU_FLASH(q, k, v, 0.0, top_left, attn_mask=mask, scale=call.scale)
+    out = out.reshape(B, H, T, Dv)  # (B, H, T, Dv)
+    lse = lse.reshape(B, H, T)  # (B, H, T); 0 on rows with no visible key, whose scores are -inf
+    return out, rebuild(call, lse, lse_differentiable=False)
