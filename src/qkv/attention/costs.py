@@ -133,7 +133,7 @@ def predict(call: AttentionCall, backend: str) -> Cost:
 
     The peak counts what the call allocates beyond its inputs: the output, the log-sum-exp,
     the weights when asked for, and every working tensor alive at the worst moment.
-    Calibrated against measured peak RSS (``benchmarks/memprobe.py``) within a few percent
+    Calibrated against measured peak RSS (``python -m qkv.bench.memprobe``) within a few percent
     for tens of MiB and more; below a few MiB the allocator's own noise dominates.
     """
     q, v = call.query, call.value

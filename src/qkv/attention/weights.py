@@ -33,8 +33,9 @@ def rebuild(
     ``heads`` selects query heads (default all), ``rows`` a slice of query rows (default all).
     Rows with no visible key (``lse = -inf``, or any lse: their scores are all ``-inf``) get
     zero weights. With ``lse_differentiable=False`` (an lse from a kernel whose lse output
-    carries no gradient, such as torch's CPU flash kernel) the gradient ``d lse_i / d s_ij =
-    w_ij`` is added here, so the weights differentiate exactly as the softmax does.
+    carries no gradient and is rounded to float32, such as torch's CPU flash kernel) the lse is
+    only the shift of a normalised softmax, so the weights and their gradient are the
+    softmax's exactly (one extra pass over the rows for the sums).
     """
     q, k = call.query, call.key
     H, G = call.num_heads, call.groups
@@ -54,11 +55,13 @@ def rebuild(
     # keep the precision of the scores instead of that of lse rounded to their dtype.
     hi = l.to(acc)
     lo = torch.nan_to_num(l - hi.to(l.dtype), nan=0.0).to(acc)
-    if not lse_differentiable and s.requires_grad:
-        # Worth zero, with gradient w_ij: the path through lse the kernel did not record.
-        w0 = torch.exp((s.detach() - hi) - lo)  # (B, H', T', S)
-        shift = torch.where(torch.isneginf(s.detach()), 0.0, s - s.detach())  # (B, H', T', S)
-        hi = hi + (w0 * shift).sum(-1, keepdim=True)  # (B, H', T', 1)
+    if not lse_differentiable:
+        # An lse from another kernel (float32, no gradient) serves only as the stable shift,
+        # and the row is normalised: the weights are then the softmax itself, gradient
+        # included (the shift cancels), and a row with one visible key is exactly 1.
+        e = torch.exp((s - hi.detach()) - lo.detach())  # (B, H', T', S)
+        total = e.sum(-1, keepdim=True)  # (B, H', T', 1); 0 on rows with no visible key
+        return (e / total.masked_fill(total == 0, 1.0)).to(q.dtype)
     return torch.exp((s - hi) - lo).to(q.dtype)
 
 
