@@ -44,6 +44,9 @@ class AttentionCall:
         need_weights: whether the caller wants ``(B, H, T, S)`` weights back.
         batch_shape: the original leading dimensions, restored on the way out.
         squeeze_heads: the inputs had no head dimension (2-D ``(T, D)`` tensors).
+        alibi_offset: None, or the key position of query 0 for ALiBi distances when it is
+            neither the causal shift nor ``S - T`` (a block of a longer sequence, as in
+            context-parallel attention, where query and key blocks start at other offsets).
     """
 
     query: Tensor
@@ -58,6 +61,7 @@ class AttentionCall:
     need_weights: bool
     batch_shape: tuple[int, ...]
     squeeze_heads: bool = False
+    alibi_offset: int | None = None
 
     @property
     def num_heads(self) -> int:
@@ -83,6 +87,8 @@ class AttentionCall:
     @property
     def alibi_shift(self) -> int:
         """Key position of query 0 for ALiBi distances."""
+        if self.alibi_offset is not None:
+            return self.alibi_offset
         return self.causal if self.causal is not None else self.S - self.T
 
     @property

@@ -59,6 +59,7 @@ class _Spec:
     dropout_p: float
     bq: int
     bk: int
+    alibi_offset: int | None = None
 
 
 def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
@@ -89,14 +90,38 @@ def attend(call: AttentionCall, *, block_q: int | None = None, block_k: int | No
 
     ``lse`` is float32 for half-precision inputs, else float64.
     """
-    bq, bk = block_sizes(call.T, call.S, call.query.shape[-1], call.query.dtype)
     keep = dropout_keep(call) if call.dropout_p > 0.0 else None
-    spec = _Spec(
-        scale=call.scale, causal=call.causal, window=call.window, dropout_p=call.dropout_p,
-        bq=block_q or bq, bk=block_k or bk,
-    )
+    spec = _spec(call, block_q, block_k)
     return _FlashFunction.apply(
         call.query, call.key, call.value, call.mask, call.alibi, keep, spec
+    )
+
+
+def attend_backward(
+    call: AttentionCall, out: Tensor, lse: Tensor, dout: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients ``(dq, dk, dv)`` of a call whose softmax statistics are given.
+
+    ``out (B, H, T, Dv)`` and ``lse (B, H, T)`` may be those of a *longer* key sequence of which
+    ``call.key``/``call.value`` are one block (context-parallel attention merges blocks by
+    log-sum-exp): the weights of this block are ``exp(s - lse)`` and the returned gradients
+    are this block's exact share: ``dq`` summed over blocks and ``dk``/``dv`` per block give the
+    gradients of the whole call. No dropout (``call.dropout_p`` must be 0).
+    """
+    if call.dropout_p > 0.0:
+        raise ValueError("attend_backward does not replay dropout; call.dropout_p must be 0")
+    spec = _spec(call, None, None)
+    return _backward(
+        call.query, call.key, call.value, out, lse, dout, None, call.mask, call.alibi, None,
+        spec,
+    )
+
+
+def _spec(call: AttentionCall, block_q: int | None, block_k: int | None) -> _Spec:
+    bq, bk = block_sizes(call.T, call.S, call.query.shape[-1], call.query.dtype)
+    return _Spec(
+        scale=call.scale, causal=call.causal, window=call.window, dropout_p=call.dropout_p,
+        bq=block_q or bq, bk=block_k or bk, alibi_offset=call.alibi_offset,
     )
 
 
@@ -139,7 +164,7 @@ def _tile_call(q, k, v, mask, alibi, spec: _Spec) -> AttentionCall:
     return AttentionCall(
         query=q, key=k, value=v, mask=mask, causal=spec.causal, window=spec.window,
         alibi=alibi, scale=spec.scale, dropout_p=spec.dropout_p, need_weights=False,
-        batch_shape=(q.shape[0],),
+        batch_shape=(q.shape[0],), alibi_offset=spec.alibi_offset,
     )
 
 
