@@ -36,9 +36,9 @@ ALLOWED: dict[str, set[str]] = {
     "generate": _CORE | {"checks"},
     "inspect": _CORE | {"checks"},
     "bench": {"attention", "reference", "checks"},
-    "train": _CORE | {"data", "checkpoint", "generate", "checks"},
+    "train": _CORE | {"data", "checkpoint", "generate", "distributed", "checks"},
     "pretrained": _CORE | {"data", "checkpoint", "generate", "checks"},
-    "distributed": {"attention", "nn", "reference", "checks"},
+    "distributed": {"attention", "nn", "reference", "checks"},  # below models: works on modules
     "integrations": {"nn", "attention", "reference", "inspect", "checks"},
 }
 EVERYTHING = set(ALLOWED)

@@ -23,6 +23,7 @@ from qkv.models.parts import (
     add_positions,
     check_ids,
     check_length,
+    check_positions,
     init_gpt_style,
     make_positions,
     padding_keep_mask,
@@ -143,6 +144,8 @@ class Encoder(ModelBase):
         input_ids: Tensor,
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
+        *,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """Contextual hidden states.
 
@@ -151,6 +154,9 @@ class Encoder(ModelBase):
             attention_mask: ``(B, S)`` bool or 0/1, 1 = real token; None builds it from
                 ``pad_id`` (every token is real when ``pad_id`` is None).
             token_type_ids: ``(B, S)`` segment ids in ``[0, type_vocab_size)``; None = all 0.
+            positions: ``(B, S)`` or ``(S,)`` positions of the tokens; default ``arange(S)``.
+                Read by learned, sinusoidal and rotary positions (a shard of a longer
+                sequence passes its global positions, as context parallelism does).
 
         Returns:
             ``(B, S, E)``.
@@ -161,18 +167,20 @@ class Encoder(ModelBase):
         """
         c = self.config
         B, S = check_ids("input_ids", input_ids, c.vocab_size).shape
-        check_length("input_ids", S, 0, self.position_limit)
+        positions = check_positions(positions, B, S, max_len=self.position_limit)
+        if positions is None:
+            check_length("input_ids", S, 0, self.position_limit)
         mask = None
         if attention_mask is not None:
             mask = padding_keep_mask("attention_mask", attention_mask, B, S)
         elif c.pad_id is not None:
             mask = (input_ids != c.pad_id)[:, None, None, :]  # (B, 1, 1, S)
 
-        h = add_positions(self.pos, self.embed(input_ids))  # (B, S, E)
+        h = add_positions(self.pos, self.embed(input_ids), positions=positions)  # (B, S, E)
         h = h + self._token_types(token_type_ids, B, S)
         h = self.drop(self.embed_norm(h))
         for block in self.blocks:
-            h = block(h, mask=mask)  # (B, S, E)
+            h = block(h, mask=mask, positions=positions)  # (B, S, E)
         return h if self.norm_f is None else self.norm_f(h)
 
     def _token_types(self, token_type_ids: Tensor | None, B: int, S: int) -> Tensor | float:

@@ -20,9 +20,16 @@ does the rest, written once:
 
 Validation happens once, at the public boundary (the module's ``forward``): the core trusts
 its arguments. A hook that replaces the ``hook_inputs`` record is checked like a user call.
+
+The kernel call itself can be replaced: ``core.kernel`` (None by default) is a callable
+``(AttentionCall) -> (out, weights or None)`` run instead of :func:`run_call`;
+:func:`qkv.distributed.context_parallel` installs one that attends across processes. Hook
+points before and after it still run.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from torch import Tensor, nn
 
@@ -47,6 +54,8 @@ class AttentionCore(nn.Module):
         self.hook_inputs = HookPoint()
         self.hook_scores, self.hook_weights = HookPoint(), HookPoint()
         self.hook_out = HookPoint()
+        # A replacement of the kernel call, (AttentionCall) -> (out, weights | None).
+        self.kernel: Callable | None = None
 
     def attend(
         self,
@@ -92,7 +101,15 @@ class AttentionCore(nn.Module):
             # A replaced record comes from user code: it is validated like a user call.
             inputs = replaced if replaced is inputs else replaced.checked()
         call = inputs.to_call(need_weights)
-        if listening(self.hook_scores, self.hook_weights):
+        if self.kernel is not None:
+            if listening(self.hook_scores, self.hook_weights):
+                raise RuntimeError(
+                    "hook_scores/hook_weights cannot listen while this module's kernel call is "
+                    "replaced (e.g. by qkv.distributed.context_parallel): no (T, S) scores "
+                    "exist there; capture on one process instead"
+                )
+            out, weights = self.kernel(call)
+        elif listening(self.hook_scores, self.hook_weights):
             # Someone reads or replaces the scores or weights: only the math path forms them.
             out, weights = math_backend.run(
                 call, on_scores=self.hook_scores, on_weights=self.hook_weights
