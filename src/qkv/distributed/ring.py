@@ -4,8 +4,9 @@ Each of the ``N`` ranks holds its shard of queries, keys and values in the zigza
 :mod:`qkv.distributed.layout` (two chunks, one early and one late). In ``N`` steps every
 rank's key/value shard visits every rank (``torch.distributed`` point-to-point sends, posted
 before the step's compute so the next shard travels while this one is attended to). At each
-step a rank attends its two query chunks to the visiting two key chunks with qkv's flash
-kernel, which also returns the log-sum-exp, and merges the partial results exactly:
+step a rank attends its two query chunks to the visiting two key chunks with a kernel that
+also returns the log-sum-exp (:mod:`qkv.distributed.blocks`: torch's CPU flash kernel for plain
+blocks, qkv's flash kernel for the rest), and merges the partial results exactly:
 
     lse = logaddexp(lse_a, lse_b),  out = out_a · exp(lse_a - lse) + out_b · exp(lse_b - lse)
 
@@ -33,8 +34,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from qkv.attention.backends import flash
 from qkv.attention.call import AttentionCall, make_call
+from qkv.distributed.blocks import block_backward, block_forward
 from qkv.distributed.comm import RingExchange, world
 from qkv.distributed.layout import local_lengths, rank_chunks
 
@@ -204,16 +205,20 @@ def _pair_call(q, k, v, mask, alibi, qb: tuple[int, int], kb: tuple[int, int], p
 
 
 def _merge(acc, out: Tensor, lse: Tensor):
-    """Merge a partial ``(out, lse)`` into ``acc`` (None or ``(out, lse)``), exactly."""
-    out = out.to(lse.dtype)
+    """Merge a partial ``(out, lse)`` into ``acc`` (None or ``(out, lse)``), exactly, in place.
+
+    ``out`` is kept in the accumulation dtype (float32 for half inputs, else the input's) and
+    ``lse`` in the kernel's (float64 for float32 inputs), so no copy of the output is widened.
+    """
+    out = out.to(_acc(out))
     if acc is None:
         return out, lse
     out0, lse0 = acc
     new = torch.logaddexp(lse0, lse)
     safe = torch.where(torch.isneginf(new), torch.zeros_like(new), new)  # rows seeing nothing
-    w0 = torch.exp(lse0 - safe).unsqueeze(-1)  # (B, H, T, 1)
-    w1 = torch.exp(lse - safe).unsqueeze(-1)
-    return out0 * w0 + out * w1, new
+    w0 = torch.exp(lse0 - safe).unsqueeze(-1).to(out0.dtype)  # (B, H, T, 1)
+    w1 = torch.exp(lse - safe).unsqueeze(-1).to(out0.dtype)
+    return out0.mul_(w0).add_(out.mul_(w1)), new
 
 
 class _RingFunction(torch.autograd.Function):
@@ -261,9 +266,10 @@ def _forward(q, k, v, mask, alibi, plan: _Plan):
             for j in range(2):
                 pc = _pair_call(qs[i], ks[j], vs[j], ms[j], alibi, mine[i], kb[j], plan)
                 if pc is not None:
-                    accs[i] = _merge(accs[i], *flash.attend(pc))
+                    accs[i] = _merge(accs[i], *block_forward(pc))
         if step < size - 1:
             travel = ring.wait()
+    del travel
     out = torch.cat([a[0] for a in accs], dim=2).to(q.dtype)  # (B, H, T_r, Dv)
     lse = torch.cat([a[1] for a in accs], dim=2)  # (B, H, T_r)
     return out, lse
@@ -276,7 +282,8 @@ def _backward(q, k, v, mask, alibi, out, lse, dout, plan: _Plan):
     qs, outs, lses, douts = _split(q, mine), _split(out, mine), _split(lse, mine), _split(
         dout, mine
     )
-    dqs = [torch.zeros_like(t, dtype=_acc(t)) for t in qs]
+    dq_all = torch.zeros_like(q, dtype=_acc(q))  # (B, H, T_r, D)
+    dqs = _split(dq_all, mine)
     kv_ring, grad_ring = RingExchange(plan.group), RingExchange(plan.group)
     travel = [k, v] + ([mask] if mask is not None else [])
     for step in range(size):
@@ -287,34 +294,37 @@ def _backward(q, k, v, mask, alibi, out, lse, dout, plan: _Plan):
         kb = plan.chunks(src)
         ks, vs = _split(travel[0], kb), _split(travel[1], kb)
         ms = _split(travel[2] if mask is not None else None, kb, dim=3)
-        dks = [torch.zeros_like(t, dtype=_acc(t)) for t in ks]
-        dvs = [torch.zeros_like(t, dtype=_acc(t)) for t in vs]
+        # The visiting shard's gradient accumulators: received from the rank that held it last
+        # (waiting here rather than overlapping keeps two accumulator sets alive, not three).
+        if step == 0:
+            dk_shard = torch.zeros_like(travel[0], dtype=_acc(k))  # (B, Hkv, T_src, D)
+            dv_shard = torch.zeros_like(travel[1], dtype=_acc(v))  # (B, Hkv, T_src, Dv)
+        else:
+            dk_shard, dv_shard = grad_ring.wait()
+        dks, dvs = _split(dk_shard, kb), _split(dv_shard, kb)
         for i in range(2):
             for j in range(2):
                 pc = _pair_call(qs[i], ks[j], vs[j], ms[j], alibi, mine[i], kb[j], plan)
                 if pc is None:
                     continue
-                dq, dk, dv = flash.attend_backward(pc, outs[i], lses[i], douts[i])
+                dq, dk, dv = block_backward(pc, outs[i], lses[i], douts[i])
                 dqs[i] += dq
                 dks[j] += dk
                 dvs[j] += dv
-        dk_shard, dv_shard = torch.cat(dks, dim=2), torch.cat(dvs, dim=2)  # (B, Hkv, T_src, D)
-        if step > 0:
-            dk_prev, dv_prev = grad_ring.wait()
-            dk_shard, dv_shard = dk_shard + dk_prev, dv_shard + dv_prev
+                del dq, dk, dv
         if size == 1:
-            return torch.cat(dqs, dim=2).to(q.dtype), dk_shard.to(k.dtype), dv_shard.to(v.dtype)
+            return dq_all.to(q.dtype), dk_shard.to(k.dtype), dv_shard.to(v.dtype)
         # The accumulators move on with their shard (after the last step: home to the owner).
         grad_ring.start(
             [dk_shard, dv_shard],
             [((*dk_shard.shape[:2], nxt, *dk_shard.shape[3:]), dk_shard),
              ((*dv_shard.shape[:2], nxt, *dv_shard.shape[3:]), dv_shard)],
         )
+        del dk_shard, dv_shard, dks, dvs
         if step < size - 1:
             travel = kv_ring.wait()
     dk, dv = grad_ring.wait()
-    dq = torch.cat(dqs, dim=2)  # (B, H, T_r, D)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return dq_all.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 def _acc(t: Tensor) -> torch.dtype:
