@@ -128,8 +128,8 @@ def _to_heads(x: Tensor, lengths: list[int], order: Tensor, group) -> Tensor:
     B, Hx, L, D = x.shape
     parts = x.reshape(B, N, Hx // N, L, D).permute(1, 3, 0, 2, 4)  # (N, L, B, Hx/N, D)
     got = all_to_all(parts.reshape(N * L, B, Hx // N, D), [L] * N, lengths, group)  # (T, ...)
-    natural = got.index_select(0, torch.argsort(order))  # (T, B, Hx/N, D), positions 0..T-1
-    return natural.permute(1, 2, 0, 3)  # (B, Hx/N, T, D)
+    # One copy into (B, Hx/N, T, D), positions 0..T-1, contiguous for the kernel.
+    return got.permute(1, 2, 0, 3).index_select(2, torch.argsort(order))
 
 
 def _to_sequence(out: Tensor, lengths: list[int], order: Tensor, rank: int, group) -> Tensor:
