@@ -216,16 +216,47 @@ def _to_call_layout(query: Tensor, key: Tensor, value: Tensor, enable_gqa: bool)
     return q, k, v, tuple(lead), squeeze_heads
 
 
-def _check_alibi(alibi_slopes: object, H: int, query: Tensor) -> Tensor | None:
+def _check_alibi(
+    alibi_slopes: object, H: int, query: Tensor, T: int, S: int, shift: int
+) -> Tensor | None:
+    """The slopes as float32 ``(H,)`` on the query's device, or None.
+
+    Checked on the device they come on (slopes made on the CPU cost no device sync): every
+    slope finite after conversion to float32, and small enough that the bias
+    ``-slope · |i + shift - j|`` stays finite in float32 over the whole ``T×S`` grid (an
+    infinite bias would hide keys, or make NaN, without a word).
+    """
     if alibi_slopes is None:
         return None
-    if not isinstance(alibi_slopes, Tensor) or not alibi_slopes.is_floating_point():
-        raise AttentionTypeError(f"alibi_slopes must be a float tensor of shape (H,) = ({H},)")
+    expected = f"a float tensor of shape (H,) = ({H},) or None"
+    if not isinstance(alibi_slopes, Tensor):
+        got = type(alibi_slopes).__name__
+        raise AttentionTypeError(f"alibi_slopes must be {expected}, got {got}")
+    if not alibi_slopes.is_floating_point():
+        raise AttentionTypeError(f"alibi_slopes must be {expected}, got dtype {alibi_slopes.dtype}")
     if tuple(alibi_slopes.shape) != (H,):
         raise AttentionArgumentError(
             f"alibi_slopes must have shape (H,) = ({H},), got {_shape(alibi_slopes)}"
         )
-    return alibi_slopes.detach().to(device=query.device, dtype=torch.float32)
+    slopes = alibi_slopes.detach().to(torch.float32)  # (H,)
+    distance = max(abs(shift + T - 1), abs(shift - S + 1)) if T and S else 0
+    bound = torch.finfo(torch.float32).max / max(1, distance)
+    finite = torch.isfinite(slopes)
+    bad = ~finite | (slopes.abs() > bound)  # (H,)
+    if bool(bad.any()):
+        heads = bad.nonzero().flatten().tolist()
+        values = slopes[bad].tolist()
+        if not bool(finite.all()):
+            raise AttentionArgumentError(
+                f"alibi_slopes must be finite (after conversion to float32), got {values} at "
+                f"head(s) {heads}"
+            )
+        raise AttentionArgumentError(
+            f"alibi_slopes must be at most {bound:.3g} in magnitude for T={T}, S={S}: the "
+            f"bias -slope · |i + {shift} - j| reaches distance {distance} and would overflow "
+            f"float32; got {values} at head(s) {heads}"
+        )
+    return slopes.to(device=query.device)
 
 
 def make_call(
@@ -251,7 +282,8 @@ def make_call(
         AttentionTypeError: non-tensor or non-float inputs, mixed dtypes, integer masks.
         AttentionArgumentError: wrong ranks or widths, length or head mismatches, masks that
             do not broadcast or contain NaN or +inf, bad ``dropout_p``, ``scale``,
-            ``is_causal``, ``window`` or ``alibi_slopes``.
+            ``is_causal``, ``window`` or ``alibi_slopes`` (wrong shape, NaN or inf, or so
+            large that the bias overflows float32).
     """
     _check_inputs(query, key, value)
     if not isinstance(dropout_p, (int, float)) or not 0.0 <= float(dropout_p) < 1.0:
@@ -293,7 +325,9 @@ def make_call(
         mask=mask,
         causal=causal,
         window=window,
-        alibi=_check_alibi(alibi_slopes, H, q),
+        alibi=_check_alibi(
+            alibi_slopes, H, q, T, S, causal if causal is not None else S - T
+        ),
         scale=float(scale) if scale is not None else 1.0 / math.sqrt(D) if D > 0 else 1.0,
         dropout_p=float(dropout_p),
         need_weights=bool(need_weights),

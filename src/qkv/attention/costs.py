@@ -11,13 +11,12 @@ head, over the (query, key) pairs the backend actually computes.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 
 from qkv.attention.call import AttentionCall
-from qkv.attention.flash_blocks import block_sizes, plan_blocks
+from qkv.attention.flash_blocks import block_sizes, visited_pairs
 
 __all__ = ["Cost", "predict"]
 
@@ -34,8 +33,8 @@ class Cost:
 
 
 def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if abs(n) < 1024 or unit == "EiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     raise AssertionError
@@ -50,23 +49,16 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 
 
 def _visible_pairs(call: AttentionCall, bq: int, bk: int) -> int:
-    """Query-key pairs inside the tiles a blockwise backend visits."""
-    return _tile_pairs(call.T, call.S, bq, bk, call.causal, call.window)
+    """Query-key pairs inside the tiles a blockwise backend visits (closed form: no tile is
+    listed, so ``explain`` at ``T = S = 10⁹`` is as quick as at 10)."""
+    return visited_pairs(call.T, call.S, bq, bk, call.causal, call.window)
 
 
-@functools.lru_cache(maxsize=256)
-def _tile_pairs(T: int, S: int, bq: int, bk: int, causal: int | None, window: int | None) -> int:
-    # Cached: ``auto`` predicts every backend's cost on every call, and a plan of 16384²
-    # has thousands of tiles.
-    plans = plan_blocks(T, S, bq, bk, causal, window)
-    return sum((t.i1 - t.i0) * (t.j1 - t.j0) for row in plans for t in row.tiles)
-
-
-def _dense_mask_bytes(call: AttentionCall) -> int:
+def _dense_mask_bytes(call: AttentionCall, itemsize: int) -> int:
     """Bytes of the (B|1, H|1, T, S) mask ``dense_mask`` materialises from the parts.
 
     Causal and window parts alone give a ``(T, S)`` bool; ALiBi gives an ``(H, T, S)`` bias
-    in the query's dtype (made in float32 first: see ``_alibi_build_bytes``).
+    of ``itemsize`` bytes an entry (the float mask dtype: float32 for half precision on CPU).
     """
     if call.causal is None and call.alibi is None and call.window is None:
         return 0
@@ -74,18 +66,23 @@ def _dense_mask_bytes(call: AttentionCall) -> int:
     # Combined with a user mask, the result takes that mask's batch and head dimensions.
     batch, heads = call.mask.shape[:2] if call.mask is not None else (1, 1)
     heads = H if call.alibi is not None else heads
-    itemsize = _size(call.query.dtype) if call.alibi is not None else 1
+    itemsize = itemsize if call.alibi is not None else 1
     return batch * heads * T * S * itemsize
 
 
-def _alibi_build_bytes(call: AttentionCall) -> int:
-    """While ``dense_mask`` builds an ALiBi bias: the float32 ``(H, T, S)`` bias beside the
-    float32 ``(T, S)`` distances it is made from, or beside its copy in the query's dtype."""
+def _alibi_build_bytes(call: AttentionCall, itemsize: int) -> int:
+    """While ``dense_mask`` builds an ALiBi bias: the ``(H, T, S)`` bias beside the ``(T, S)``
+    distances it is made from, both of ``itemsize`` bytes an entry."""
     if call.alibi is None:
         return 0
-    H, T, S, dtype = call.num_heads, call.T, call.S, call.query.dtype
-    cast = H * T * S * _size(dtype) if dtype != torch.float32 else 0
-    return H * T * S * 4 + max(T * S * 4, cast)
+    H, T, S = call.num_heads, call.T, call.S
+    return H * T * S * itemsize + T * S * itemsize
+
+
+def _torch_mask_itemsize(call: AttentionCall) -> int:
+    """Bytes per entry of a float mask handed to torch (``torch_kernel._mask_dtype``)."""
+    dtype = call.query.dtype
+    return _size(_acc(dtype)) if call.query.device.type == "cpu" else _size(dtype)
 
 
 def _rebuild_bytes(call: AttentionCall) -> int:
@@ -148,7 +145,9 @@ def predict(call: AttentionCall, backend: str) -> Cost:
         # The softmax's peak: the scores (kept by the caller), the scores minus the row
         # maximum and their exponential, all (B, H, T, S) in the accumulation dtype, beside
         # the dense mask. The weights are the softmax's result, so need_weights adds nothing.
-        work = 3 * pairs * acc + _dense_mask_bytes(call)
+        work = 3 * pairs * acc + _dense_mask_bytes(call, acc)
+        if _acc(dtype) != dtype:  # half precision: float32 copies of q, k and v
+            work += (BH * T * D + B * call.num_kv_heads * S * (D + Dv)) * acc
         return Cost(pairs * 2 * (D + Dv), out + work)
     if backend == "flash":
         bq, bk = block_sizes(T, S, D, dtype)
@@ -191,13 +190,14 @@ def predict(call: AttentionCall, backend: str) -> Cost:
         # A dense mask is made first: its peak is the mask beside a bool of its size (the
         # search for rows with no visible key, freed before the kernel runs), or the ALiBi
         # bias while it is built; then the kernel runs beside the mask.
-        dense = _dense_mask_bytes(call)
+        itemsize = _torch_mask_itemsize(call)
+        dense = _dense_mask_bytes(call, itemsize)
         if call.alibi is not None:
-            numel = dense // _size(dtype)
+            numel = dense // itemsize
         elif dense == 0 and call.mask is not None:
             numel = call.mask.numel()
         else:
             numel = dense
-        peak = max(dense + numel, _alibi_build_bytes(call), dense + kernel)
+        peak = max(dense + numel, _alibi_build_bytes(call, itemsize), dense + kernel)
         return Cost(pairs * 2 * (D + Dv), peak)
     raise ValueError(f"no cost model for backend {backend!r}")

@@ -20,7 +20,10 @@ window, ALiBi slopes) for every backend and for :mod:`qkv.attention.weights`:
   :func:`dense_mask` materialises them as one ``(B|1, H|1, T, S)`` tensor;
 * rows with no visible key ("dead rows") give zero weights and zero output on every backend:
   :func:`dead_rows`, :func:`safe_row_max`, :func:`safe_total` and :func:`safe_lse` are that
-  rule, written once.
+  rule, written once; a non-finite query row is NaN on every backend, dead or not
+  (:func:`poison_rows`);
+* float masks and ALiBi biases are added in the accumulation dtype (:func:`accumulation_dtype`:
+  float32 for half-precision queries), and a float mask is kept in :func:`mask_dtype`.
 
 Shapes: ``B`` batch, ``H`` query heads, ``T`` queries, ``S`` keys; ``H'``, ``T'``, ``S'`` a
 selection of heads, a slice of queries, a slice of keys.
@@ -62,6 +65,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MaskReport",
+    "accumulation_dtype",
     "alibi_bias",
     "apply_mask",
     "causal",
@@ -71,10 +75,13 @@ __all__ = [
     "combine",
     "dead_rows",
     "dense_mask",
+    "dropout_keep",
     "from_mha",
+    "mask_dtype",
     "mask_tile",
     "padding",
     "padding_from_ids",
+    "poison_rows",
     "safe_lse",
     "safe_row_max",
     "safe_total",
@@ -111,9 +118,14 @@ def check_attn_mask(
     host sync: call this once per forward, not per layer of a kernel). A
     :class:`torch.nn.attention.bias.CausalBias` is materialised as its ``(T, S)`` keep mask.
 
+    ``dtype`` is the query's dtype. Scores are accumulated in float32 for half-precision
+    queries, so a float mask is cast to :func:`mask_dtype` of it: the query's dtype, except
+    that a half-precision query keeps a float32 (or wider) mask in float32 rather than
+    rounding it to 8 or 11 bits.
+
     Returns:
         The mask as 4-D ``(B|1, H|1, T|1, S|1)`` with ``B = prod(batch)`` (a view when the
-        leading dimensions are all 1); float masks cast to ``dtype`` when given.
+        leading dimensions are all 1); float masks cast as above when ``dtype`` is given.
 
     Raises:
         AttentionTypeError: not a tensor, an unusual tensor, neither bool nor float.
@@ -151,8 +163,25 @@ def check_attn_mask(
                 "values to favour a key"
             )
         if dtype is not None:
-            mask = mask.to(dtype)
+            mask = mask.to(mask_dtype(dtype, mask.dtype))
     return mask
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype scores, softmax and sums are computed in: float32 for float16/bfloat16
+    inputs (whose 8 or 11 bits and, for float16, range up to 65504 cannot hold large logits
+    or their exponentials), the input's own dtype otherwise. Every backend uses it."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def mask_dtype(query_dtype: torch.dtype, given: torch.dtype) -> torch.dtype:
+    """Dtype a float mask of dtype ``given`` is kept in for a query of ``query_dtype``.
+
+    The query's dtype, except for half-precision queries: a mask already in that dtype stays
+    (nothing to gain), any other float mask becomes float32, the accumulation dtype.
+    """
+    acc = accumulation_dtype(query_dtype)
+    return query_dtype if acc == query_dtype or given == query_dtype else acc
 
 
 def _broadcast(mask: Tensor, full: tuple[int, ...], name: str) -> Tensor:
@@ -328,15 +357,20 @@ def apply_mask(
     return s
 
 
-def dense_mask(call: AttentionCall) -> Tensor | None:
+def dense_mask(call: AttentionCall, dtype: torch.dtype | None = None) -> Tensor | None:
     """Every mask part of ``call`` as one ``(B|1, H|1, T, S)`` tensor (bool keep or float).
 
-    Bool when only boolean parts exist, else float in the query's dtype (``-inf`` hides).
-    O(T·S) memory: the structure-aware backends apply the parts per tile instead.
+    Bool when only boolean parts exist, else float (``-inf`` hides) in ``dtype``: by default
+    the accumulation dtype (float32 for half-precision queries, so ALiBi distances are not
+    rounded to 8 bits). O(T·S) memory: the structure-aware backends apply the parts per tile
+    instead.
     """
+    dtype = dtype or accumulation_dtype(call.query.dtype)
     keep = structure_keep(call)
-    bias = alibi_bias(call, dtype=call.query.dtype)
+    bias = alibi_bias(call, dtype=dtype)
     mask = call.mask
+    if mask is not None and mask.is_floating_point() and mask.dtype != dtype:
+        mask = mask.to(dtype)
     if keep is not None:
         if mask is None:
             mask = keep[None, None]  # (1, 1, T, S)
@@ -374,6 +408,36 @@ def safe_row_max(row_max: Tensor) -> Tensor:
 def safe_total(total: Tensor) -> Tensor:
     """Softmax denominators with a dead row's 0 replaced by 1 (its numerators are all 0)."""
     return total.masked_fill(total == 0, 1.0)
+
+
+def dropout_keep(call: AttentionCall) -> Tensor:
+    """torch's dropout keep mask ``(B, H, T, S)`` bool for ``call``, drawn as torch draws it.
+
+    torch's math SDPA applies ``at::dropout`` to the ``(B, H, T, S)`` weights in the query
+    dtype; dropping a tensor of ones of that shape and dtype consumes the generator the same
+    way, so the same seed drops the same positions on the math and flash backends, whatever
+    dtype they compute the weights in.
+    """
+    B, H, T = call.query.shape[:3]
+    ones = torch.ones(B, H, T, call.S, dtype=call.query.dtype, device=call.query.device)
+    return torch.dropout(ones, call.dropout_p, True) != 0  # (B, H, T, S)
+
+
+# --- non-finite inputs: never hidden ------------------------------------------------------
+
+
+def poison_rows(t: Tensor, query: Tensor) -> Tensor:
+    """``t (B, H, T, X)`` with NaN in every row whose query row ``(B, H, T, D)`` holds NaN or
+    ``±inf``; every other row unchanged (``+0`` is added to it).
+
+    The rule for non-finite queries on every backend, even on a row that sees no key (a
+    mask, or an infinite query whose scores are all ``-inf``, skips its scores: the softmax
+    alone would give it zeros). It is ``t + 0 · max_d |q_d|``: two tensor ops over ``q`` and
+    ``t``, no host sync, no gradient through the query (the gradient of ``t`` passes
+    unchanged).
+    """
+    worst = torch.linalg.vector_norm(query.detach(), ord=float("inf"), dim=-1, keepdim=True)
+    return torch.add(t, worst.to(t.dtype), alpha=0)  # 0·(NaN or inf) is NaN, 0·x is 0
 
 
 def safe_lse(lse: Tensor) -> Tensor:

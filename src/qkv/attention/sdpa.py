@@ -60,8 +60,8 @@ def scaled_dot_product_attention(
             textbook steps).
         window: keyword-only extra: a sliding causal window; query ``i`` sees only the
             ``window`` keys ending at its diagonal (needs ``is_causal``).
-        alibi_slopes: keyword-only extra: ``(H,)`` ALiBi slopes; adds
-            ``-slope_h · |i + shift - j|`` to the scores, ``shift`` the causal diagonal
+        alibi_slopes: keyword-only extra: ``(H,)`` finite ALiBi slopes (used in float32);
+            adds ``-slope_h · |i + shift - j|`` to the scores, ``shift`` the causal diagonal
             (``S - T`` without ``is_causal``), as in Press et al., 2022.
 
     Returns:
@@ -70,12 +70,34 @@ def scaled_dot_product_attention(
         weights and zero gradient, never NaN. With dropout the weights returned are the ones
         applied (after dropout).
 
+    Precision: float16 and bfloat16 inputs are computed in float32 on every backend (scores,
+    mask and ALiBi additions, softmax, the weighted sum of the values); only the output and
+    the weights are rounded to the inputs' dtype.
+
+    Non-finite inputs (NaN or ±inf in query, key or value) are not checked (that would cost a
+    host sync per call) but never hidden, the same on every backend:
+
+    * a non-finite query row gives a NaN output row and a NaN weights row, even when it
+      sees no key;
+    * a NaN key row, or a non-finite value row, makes the output non-finite in every row
+      that sees that key; an infinite key follows IEEE arithmetic on its score (``+inf`` or
+      NaN: the row is NaN; ``-inf``: the key gets weight 0, as if masked). Weights never read
+      the values: a non-finite value row leaves them exact;
+    * rows of other batch entries and other key/value heads are exact; rows of the same head
+      that do *not* see the bad key may be NaN too (a masked key's zero weight times a NaN
+      value, or a float mask's ``-inf`` plus a NaN score, is NaN, and which masked positions
+      a backend computes depends on its tiling): do not rely on a mask to contain a NaN;
+    * backward: gradients of other batch entries and key/value heads are exact; inside the
+      affected head the chain rule carries the NaN (a bad query row that sees a key gets a
+      NaN gradient, and so do the keys and values it sees).
+
     Raises:
         AttentionTypeError: (a ``TypeError`` and a ``RuntimeError``) non-tensors, integer or
             mixed dtypes, a mask that is neither bool nor float, a nested or sparse mask.
         AttentionArgumentError: (a ``ValueError`` and a ``RuntimeError``, so code written
             for torch's errors catches it) widths, lengths or head counts that do not fit or
-            broadcast, a mask that does not broadcast or holds NaN or +inf, a
+            broadcast, a mask that does not broadcast or holds NaN or +inf, ALiBi slopes
+            of the wrong shape, non-finite or large enough to overflow the float32 bias, a
             ``CausalBias`` mask with ``is_causal``, an unknown backend, or a backend that
             cannot honour the call (``backend="torch"`` with ``need_weights=True``).
     """

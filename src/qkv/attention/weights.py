@@ -15,7 +15,12 @@ from torch import Tensor
 
 from qkv.attention.call import AttentionCall, make_call
 from qkv.attention.errors import AttentionArgumentError
-from qkv.attention.masks import apply_mask, safe_lse
+from qkv.attention.masks import (
+    accumulation_dtype,
+    apply_mask,
+    poison_rows,
+    safe_lse,
+)
 
 __all__ = ["attention_weights", "rebuild"]
 
@@ -35,7 +40,8 @@ def rebuild(
     zero weights. With ``lse_differentiable=False`` (an lse from a kernel whose lse output
     carries no gradient and is rounded to float32, such as torch's CPU flash kernel) the lse is
     only the shift of a normalised softmax, so the weights and their gradient are the
-    softmax's exactly (one extra pass over the rows for the sums).
+    softmax's exactly (one extra pass over the rows for the sums). A non-finite query row
+    gives a NaN weights row, even when it sees no key.
     """
     q, k = call.query, call.key
     H, G = call.num_heads, call.groups
@@ -43,7 +49,7 @@ def rebuild(
         list(heads), device=q.device, dtype=torch.long
     )
     rows = rows or slice(None)
-    acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    acc = accumulation_dtype(q.dtype)
     # Scores computed exactly as the flash backend computes them (scale folded into q, in the
     # accumulation dtype), so they match the lse to the last bit rather than to rounding.
     qs = q[:, head_idx, rows].to(acc) * call.scale  # (B, H', T', D)
@@ -61,8 +67,11 @@ def rebuild(
         # included (the shift cancels), and a row with one visible key is exactly 1.
         e = torch.exp((s - hi.detach()) - lo.detach())  # (B, H', T', S)
         total = e.sum(-1, keepdim=True)  # (B, H', T', 1); 0 on rows with no visible key
-        return (e / total.masked_fill(total == 0, 1.0)).to(q.dtype)
-    return torch.exp((s - hi) - lo).to(q.dtype)
+        w = (e / total.masked_fill(total == 0, 1.0)).to(q.dtype)
+    else:
+        w = torch.exp((s - hi) - lo).to(q.dtype)  # (B, H', T', S)
+    # Rows that see no key skipped their (NaN) scores: mark non-finite queries there too.
+    return poison_rows(w, q[:, head_idx, rows])
 
 
 def attention_weights(

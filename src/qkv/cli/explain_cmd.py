@@ -84,9 +84,11 @@ def command(
         )
     except (ValueError, TypeError) as err:
         raise fail(err) from None
-    console.print(str(explanation), markup=False)
+    # soft_wrap: a line is never broken, however long its numbers (T = S = 10⁹ works too).
+    console.print(str(explanation), markup=False, soft_wrap=True)
     size = torch.finfo(torch_dtype).bits // 8
     console.print(
         f"one full score matrix (B, H, T, S) in {dtype.value}: "
-        f"{human_bytes(batch * heads * T * S * size)}"
+        f"{human_bytes(batch * heads * T * S * size)}",
+        soft_wrap=True,
     )

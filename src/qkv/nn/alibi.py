@@ -55,13 +55,17 @@ def alibi_slopes(
     Raises:
         ValueError: ``num_heads`` is not a positive int.
     """
-    n = _check_heads(num_heads)
+    slopes = _slope_values(_check_heads(num_heads))
+    # Rounded once from float64 on the CPU (some devices have no float64), then moved.
+    return torch.tensor(slopes, dtype=torch.float64).to(dtype=dtype, device=device)
+
+
+def _slope_values(n: int) -> list[float]:
     c = 1 << (n.bit_length() - 1)  # largest power of two <= n
     slopes = _power_of_two_slopes(c)
     if c != n:
         slopes += _power_of_two_slopes(2 * c)[0::2][: n - c]
-    # Rounded once from float64 on the CPU (some devices have no float64), then moved.
-    return torch.tensor(slopes, dtype=torch.float64).to(dtype=dtype, device=device)
+    return slopes
 
 
 def _check_length(name: str, n: object) -> int:
@@ -84,6 +88,9 @@ def _bias(
         offset = S - T
     elif isinstance(offset, bool) or not isinstance(offset, int):
         raise ValueError(f"offset must be an int or None, got {offset!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    _check_fits(num_heads, T, S, offset, dtype)
     work = torch.float64 if dtype == torch.float64 else torch.float32
     slopes = alibi_slopes(num_heads, dtype=work, device=device)  # (H,)
     pos_q = torch.arange(T, device=device) + offset  # (T,)  query i sits at key position i+offset
@@ -91,6 +98,22 @@ def _bias(
     if symmetric:
         dist = dist.abs()
     return (-slopes[:, None, None] * dist).to(dtype)  # (H, T, S)
+
+
+def _check_fits(num_heads: int, T: int, S: int, offset: int, dtype: torch.dtype) -> None:
+    """Refuse a bias whose largest entry ``max_h m_h · max |i + offset - j|`` is beyond
+    ``dtype``'s range: it would be ``±inf``, which hides keys (or makes NaN) silently.
+    Closed form over the grid's corners, so it costs nothing at any ``T`` and ``S``."""
+    if T == 0 or S == 0:
+        return
+    distance = max(abs(offset + T - 1), abs(offset - (S - 1)))
+    largest = max(_slope_values(_check_heads(num_heads))) * distance
+    if largest > torch.finfo(dtype).max:
+        raise ValueError(
+            f"the ALiBi bias for T={T}, S={S}, offset={offset} reaches {largest:.4g} in "
+            f"magnitude, beyond {dtype}'s largest value {torch.finfo(dtype).max:.4g}; build "
+            "it in float32 (dtype=torch.float32)"
+        )
 
 
 def alibi_bias(
@@ -123,7 +146,9 @@ def alibi_bias(
         keys ``j > pos_i`` are positive: combine with a causal mask, which hides them.
 
     Raises:
-        ValueError: non-positive ``num_heads``, negative ``T``/``S``, non-int ``offset``.
+        ValueError: non-positive ``num_heads``, negative ``T``/``S``, non-int ``offset``, a
+            non-float ``dtype``, or a bias too large for ``dtype`` (float16 holds distances
+            up to ~92 000 at most: larger entries would be ``±inf``).
     """
     return _bias(num_heads, T, S, offset, symmetric, device, dtype)
 
@@ -160,7 +185,8 @@ class ALiBi(nn.Module):
         """The ``(H, T, S)`` bias on the device of ``slopes``; see :func:`alibi_bias`.
 
         Raises:
-            ValueError: negative ``T``/``S``, non-int ``offset``.
+            ValueError: negative ``T``/``S``, non-int ``offset``, a bias too large for
+                ``dtype`` (see :func:`alibi_bias`).
         """
         # Slopes recomputed exactly: the buffer may have been cast to a lower precision.
         return _bias(self.num_heads, T, S, offset, symmetric, self.slopes.device, dtype)

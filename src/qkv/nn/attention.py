@@ -254,8 +254,11 @@ class Attention(AttentionCore):
         if self.alibi_symmetric or is_causal:
             slopes = alibi_slopes(self.num_heads, device=x.device)  # (H,)
             return mask, flag, slopes
-        bias = alibi_bias(self.num_heads, T, S, device=x.device, dtype=x.dtype)  # (H, T, S)
-        # The bias goes first so the combined float mask keeps the input's dtype.
+        # At least float32: half-precision distances round badly and overflow at long T (the
+        # kernels accumulate half inputs in float32 and take a float32 mask as it is).
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        bias = alibi_bias(self.num_heads, T, S, device=x.device, dtype=dtype)  # (H, T, S)
+        # The bias goes first so the combined float mask keeps its dtype.
         return masks.combine(bias[None], mask), flag, None  # (B|1, H, T, S)
 
     def _check_inputs(self, x: object, context: object, cache: object) -> None:

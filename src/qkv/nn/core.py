@@ -15,7 +15,8 @@ does the rest, written once:
 2. the kernel call: :func:`qkv.attention.sdpa.run_call` on an already validated
    :class:`~qkv.attention.call.AttentionCall` (``auto`` picks the fastest backend that can
    honour it), or, while a hook listens on ``hook_scores``/``hook_weights``, the math backend,
-   the only path that forms those ``(B, H, T, S)`` tensors;
+   the only path that forms those ``(B, H, T, S)`` tensors (float32 for float16/bfloat16
+   inputs: the precision the output is computed in);
 3. weights on request, and ``hook_out (B, H, T, Dv)``, the per-head outputs before merging.
 
 Validation happens once, at the public boundary (the module's ``forward``): the core trusts

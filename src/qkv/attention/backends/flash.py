@@ -35,7 +35,15 @@ from torch import Tensor
 
 from qkv.attention.call import AttentionCall
 from qkv.attention.flash_blocks import block_sizes, plan_blocks
-from qkv.attention.masks import apply_mask, safe_lse, safe_row_max, safe_total
+from qkv.attention.masks import (
+    accumulation_dtype,
+    apply_mask,
+    dropout_keep,
+    poison_rows,
+    safe_lse,
+    safe_row_max,
+    safe_total,
+)
 
 NAME = "flash"
 
@@ -63,26 +71,19 @@ class _Spec:
 
 
 def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
-    """Output ``(B, H, T, Dv)`` and, when asked, exact weights ``(B, H, T, S)`` from the lse."""
+    """Output ``(B, H, T, Dv)`` and, when asked, exact weights ``(B, H, T, S)`` from the lse.
+
+    A non-finite query row gives a NaN output row (:func:`~qkv.attention.masks.poison_rows`:
+    a row that sees no key, or whose scores are all ``-inf``, would otherwise give zeros).
+    """
     out, lse = attend(call)
+    out = poison_rows(out, call.query)
     weights = None
     if call.need_weights:
         from qkv.attention.weights import rebuild
 
         weights = rebuild(call, lse)
     return out, weights
-
-
-def dropout_keep(call: AttentionCall) -> Tensor:
-    """torch's dropout keep mask ``(B, H, T, S)`` bool for ``call``, drawn as torch draws it.
-
-    torch's math SDPA applies ``at::dropout`` to the ``(B, H, T, S)`` weights in the query
-    dtype; dropping a tensor of ones of that shape and dtype consumes the generator the same
-    way, so the same seed drops the same positions.
-    """
-    B, H, T = call.query.shape[:3]
-    ones = torch.ones(B, H, T, call.S, dtype=call.query.dtype, device=call.query.device)
-    return torch.dropout(ones, call.dropout_p, True) != 0  # (B, H, T, S)
 
 
 def attend(call: AttentionCall, *, block_q: int | None = None, block_k: int | None = None):
@@ -156,7 +157,7 @@ def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    return accumulation_dtype(dtype)
 
 
 def _tile_call(q, k, v, mask, alibi, spec: _Spec) -> AttentionCall:

@@ -5,6 +5,16 @@ math kernel. It never returns weights. Structured masks (a causal diagonal other
 top-left, sliding windows, ALiBi) are materialised into a dense ``(T, S)`` mask first.
 Grouped-query attention without a mask folds the query heads of a group into the query
 length, so K and V are not repeated; with a mask it uses torch's own ``enable_gqa``.
+
+Precision: torch's kernels accumulate half-precision inputs in float32. On CPU a float mask
+(ALiBi, a float user mask) is passed in float32 too, which torch's CPU kernels accept for
+half-precision queries; elsewhere it is rounded to the query's dtype, the one float mask
+dtype every torch kernel takes.
+
+Non-finite inputs: without a mask torch's CPU kernel turns a NaN query row into a zero row
+(with one it gives NaN), so every output is passed through
+:func:`~qkv.attention.masks.poison_rows`, which marks such rows NaN on any device and
+version: one reduction over ``q`` and one add over the output, no host sync.
 """
 
 from __future__ import annotations
@@ -14,7 +24,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from qkv.attention.call import AttentionCall
-from qkv.attention.masks import dead_rows, dense_mask, to_additive
+from qkv.attention.masks import (
+    accumulation_dtype,
+    dead_rows,
+    dense_mask,
+    poison_rows,
+    to_additive,
+)
 
 NAME = "torch"
 
@@ -71,11 +87,23 @@ def prefer_not(call: AttentionCall) -> str | None:
     return None
 
 
+def _mask_dtype(call: AttentionCall) -> torch.dtype:
+    """Dtype of a float mask handed to torch: float32 for half-precision queries on CPU."""
+    q = call.query
+    return accumulation_dtype(q.dtype) if q.device.type == "cpu" else q.dtype
+
+
 def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     """Output ``(B, H, T, Dv)`` from torch's fused kernel and, when asked (on CPU), exact
-    weights ``(B, H, T, S)`` rebuilt from its log-sum-exp."""
+    weights ``(B, H, T, S)`` rebuilt from its log-sum-exp. A non-finite query row gives a
+    NaN output row."""
     if call.need_weights:
         return _run_with_weights(call)
+    return poison_rows(_output(call), call.query), None
+
+
+def _output(call: AttentionCall) -> Tensor:
+    """torch's kernel on ``call``: ``(B, H, T, Dv)``."""
     q, k, v = call.query, call.key, call.value
     B, H, T, D = q.shape
     G = call.groups
@@ -86,15 +114,14 @@ def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
         out = F.scaled_dot_product_attention(
             q_folded, k, v, dropout_p=call.dropout_p, scale=call.scale
         )  # (B, Hkv, G·T, Dv)
-        return out.reshape(B, H, T, v.shape[-1]), None  # (B, H, T, Dv)
+        return out.reshape(B, H, T, v.shape[-1])  # (B, H, T, Dv)
     top_left_only = call.mask is None and call.alibi is None and call.window is None
     if call.causal == 0 and top_left_only:
-        out = F.scaled_dot_product_attention(
+        return F.scaled_dot_product_attention(
             q, k, v, dropout_p=call.dropout_p, is_causal=True, scale=call.scale,
             enable_gqa=G > 1,
         )  # (B, H, T, Dv)
-        return out, None
-    mask = dense_mask(call)
+    mask = dense_mask(call, _mask_dtype(call))
     # Rows with no visible key are opened up so the kernel never sees an all -inf row (NaN
     # in values and gradients before torch 2.5), then zeroed.
     dead = None if mask is None or NATIVE_DEAD_ROWS else dead_rows(mask)
@@ -107,7 +134,7 @@ def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     )  # (B, H, T, Dv)
     if dead is not None:
         out = out.masked_fill(dead, 0.0)
-    return out, None
+    return out
 
 
 def _run_with_weights(call: AttentionCall) -> tuple[Tensor, Tensor]:
@@ -127,8 +154,10 @@ def _run_with_weights(call: AttentionCall) -> tuple[Tensor, Tensor]:
         q = q.reshape(B, Hkv, call.groups * T, D)  # (B, Hkv, G·T, D)
     top_left = call.causal == 0 and call.window is None and call.mask is None
     top_left = top_left and call.alibi is None
-    mask = None if top_left or call.plain else to_additive(dense_mask(call), q.dtype)
+    mask = None
+    if not (top_left or call.plain):  # float32 for half precision: _CPU_FLASH takes it
+        mask = to_additive(dense_mask(call), accumulation_dtype(q.dtype))
     out, lse = _CPU_FLASH(q, k, v, 0.0, top_left, attn_mask=mask, scale=call.scale)
-    out = out.reshape(B, H, T, Dv)  # (B, H, T, Dv)
+    out = poison_rows(out.reshape(B, H, T, Dv), call.query)  # (B, H, T, Dv)
     lse = lse.reshape(B, H, T)  # (B, H, T); 0 on rows with no visible key, whose scores are -inf
     return out, rebuild(call, lse, lse_differentiable=False)
