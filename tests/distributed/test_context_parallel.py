@@ -94,15 +94,35 @@ def test_without_a_process_group_the_error_says_how_to_launch():
 
 
 def test_explain_picks_a_method_and_counts_bytes():
-    e = explain(B=1, H=8, Hkv=2, T=4096, D=64, world_size=2)
-    assert e.method == "all_to_all" and "H=8 splits" in e.reason
+    e = explain(B=1, H=8, Hkv=8, T=4096, D=64, world_size=2)
     # ring forward: the K/V shard (B·Hkv·T/N·2D float32) sent N - 1 = 1 time
-    assert e.ring_bytes[0] == 1 * 2 * 2048 * 128 * 4
-    # all-to-all: half of Q (8 heads), K, V (2 heads: they split), out (8 heads)
-    assert e.all_to_all_bytes[0] == int(0.5 * 2048 * 4 * (8 * 64 + 2 * 128 + 8 * 64))
+    assert e.ring_bytes[0] == 1 * 8 * 2048 * 128 * 4
+    # ring backward: K/V once more and N = 2 hops of dK/dV
+    assert e.ring_bytes[1] == 3 * 8 * 2048 * 128 * 4
+    # all-to-all: half of Q (8 heads), K, V (8 heads), out (8 heads), each way
+    assert e.all_to_all_bytes == (int(0.5 * 2048 * 4 * 8 * 256),) * 2
+    assert e.method == "all_to_all" and "fewer bytes" in e.reason
+    # grouped K/V heads make the ring's traffic small: the ring is chosen
+    g = explain(B=1, H=8, Hkv=1, T=4096, D=64, world_size=2)
+    assert g.method == "ring" and sum(g.ring_bytes) < sum(g.all_to_all_bytes), str(g)
     r = explain(B=1, H=6, Hkv=6, T=300, D=16, world_size=4)
     assert r.method == "ring" and r.all_to_all_bytes is None
-    assert "ring" in str(r) and "not possible" in str(r)
+    assert "does not split" in r.reason and "not possible" in str(r)
     assert choose_method("ring", 8, 2) == "ring"
     with pytest.raises(ValueError, match="divisible"):
         choose_method("all_to_all", 6, 4)
+    with pytest.raises(ValueError, match="method must be one of"):
+        choose_method("zigzag", 8, 2)
+
+
+def test_explain_from_the_command_line():
+    from typer.testing import CliRunner
+
+    from qkv.cli.app import app
+
+    res = CliRunner().invoke(app, ["explain", "--T", "65536", "--S", "65536", "--causal",
+                                   "--world-size", "4"])
+    assert res.exit_code == 0, res.output
+    assert "context-parallel attention over 4 ranks" in res.output
+    bad = CliRunner().invoke(app, ["explain", "--T", "64", "--S", "32", "--world-size", "2"])
+    assert bad.exit_code != 0 and "--T (64) must equal --S (32)" in bad.output

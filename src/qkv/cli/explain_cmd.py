@@ -63,11 +63,21 @@ def command(
     backend: Annotated[
         str, typer.Option("--backend", help="auto, or a backend name to check.")
     ] = "auto",
+    world_size: Annotated[
+        int, typer.Option("--world-size", help="Ranks of context-parallel attention (> 1: "
+                          "say whether ring or all-to-all serves it and what each rank sends).")
+    ] = 1,
+    cp_method: Annotated[
+        str, typer.Option("--cp-method", help="Context-parallel method: auto, ring or "
+                          "all_to_all.")
+    ] = "auto",
 ) -> None:
     """Say which attention backend runs for a call of this shape, and why not the others.
 
     [bold]Example:[/bold] qkv explain --T 1024 --S 1024 --heads 8 --kv-heads 8 --dim 64
     --causal --need-weights --dtype float32
+
+    [bold]Across processes:[/bold] qkv explain --T 131072 --S 131072 --causal --world-size 4
     """
     console = Console(highlight=False)
     torch_dtype = dtype.to_torch()
@@ -82,6 +92,11 @@ def command(
             need_weights=need_weights,
             backend=backend,
         )
+        parallel = None
+        if world_size != 1:
+            parallel = _context_parallel(
+                batch, heads, kv_heads, T, S, dim, torch_dtype, world_size, cp_method
+            )
     except (ValueError, TypeError) as err:
         raise fail(err) from None
     # soft_wrap: a line is never broken, however long its numbers (T = S = 10⁹ works too).
@@ -91,4 +106,22 @@ def command(
         f"one full score matrix (B, H, T, S) in {dtype.value}: "
         f"{human_bytes(batch * heads * T * S * size)}",
         soft_wrap=True,
+    )
+    if parallel is not None:
+        console.print(str(parallel), markup=False, soft_wrap=True)
+
+
+def _context_parallel(batch, heads, kv_heads, T, S, dim, dtype, world_size, method):
+    """``qkv.distributed.explain`` for the same call over ``world_size`` ranks."""
+    from qkv.distributed import explain as explain_parallel
+
+    if world_size < 1:
+        raise ValueError(f"--world-size must be >= 1, got {world_size}")
+    if T != S:
+        raise ValueError(
+            f"--world-size shards one sequence (self-attention): --T ({T}) must equal --S ({S})"
+        )
+    return explain_parallel(
+        B=batch, H=heads, Hkv=kv_heads, T=T, D=dim, world_size=world_size, dtype=dtype,
+        method=method,
     )

@@ -44,28 +44,54 @@ from qkv.distributed.ulysses import all_to_all_call
 from qkv.nn.core import AttentionCore
 
 __all__ = ["METHODS", "ContextParallel", "Explanation", "choose_method", "context_parallel",
-           "explain"]
+           "explain", "traffic"]
 
 METHODS = ("auto", "ring", "all_to_all")
 
 
-def choose_method(method: str, num_heads: int, world_size: int) -> str:
+def traffic(H: int, Hkv: int, D: int, Dv: int, world_size: int) -> dict[str, tuple[float, float]]:
+    """Bytes each rank sends forward and backward, per position of its shard and per byte of
+    element, for each method that can serve the call: ``{method: (forward, backward)}``.
+
+    The ring sends its K/V shard ``N - 1`` times forward; backward the K/V again plus ``N``
+    hops of dK/dV. All-to-all sends ``(N - 1) / N`` of Q, K, V (repeated to ``H`` heads when
+    ``Hkv`` does not split) and of the output forward, and the same of their gradients backward.
+    """
+    N = world_size
+    kv = Hkv * (D + Dv)
+    out = {"ring": (float((N - 1) * kv), float((N - 1) * kv + N * kv))}
+    if H % N == 0:
+        heads_kv = Hkv if Hkv % N == 0 else H
+        moved = (N - 1) / N * (H * D + heads_kv * (D + Dv) + H * Dv)
+        out["all_to_all"] = (moved, moved)
+    return out
+
+
+def choose_method(
+    method: str, num_heads: int, world_size: int, *, num_kv_heads: int | None = None,
+    head_dim: int = 64, value_dim: int | None = None,
+) -> str:
     """The method that serves a call: ``"ring"`` or ``"all_to_all"``.
 
-    ``auto`` takes all-to-all when the heads split evenly over the ranks (its local attention
-    runs the fastest single-process kernel and it sends a fixed share of each tensor), else the
-    ring, which works for any head count.
+    ``auto`` takes the method whose ranks send fewer bytes forward and backward together
+    (:func:`traffic`; all-to-all on a tie: its local attention is one single-process call on the
+    fastest kernel); all-to-all needs ``H`` divisible by the world size, the ring serves any.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if method == "auto":
-        return "all_to_all" if num_heads % world_size == 0 else "ring"
     if method == "all_to_all" and num_heads % world_size:
         raise ValueError(
             f"method='all_to_all' splits H={num_heads} heads over {world_size} ranks: H must be "
             "divisible by the world size; use method='ring' or 'auto'"
         )
-    return method
+    if method != "auto":
+        return method
+    Hkv = num_heads if num_kv_heads is None else num_kv_heads
+    Dv = head_dim if value_dim is None else value_dim
+    volumes = traffic(num_heads, Hkv, head_dim, Dv, world_size)
+    if "all_to_all" in volumes and sum(volumes["all_to_all"]) <= sum(volumes["ring"]):
+        return "all_to_all"
+    return "ring"
 
 
 @dataclass
@@ -88,7 +114,10 @@ class ContextParallel:
     def kernel(self, call: AttentionCall):
         """The kernel installed in every attention module: ``(out, None)`` for ``call``."""
         _, size = world(self.group)
-        chosen = choose_method(self.method, call.num_heads, size)
+        chosen = choose_method(
+            self.method, call.num_heads, size, num_kv_heads=call.num_kv_heads,
+            head_dim=call.query.shape[-1], value_dim=call.value.shape[-1],
+        )
         run = ring_call if chosen == "ring" else all_to_all_call
         return run(call, group=self.group, seq_len=self.seq_len)
 
@@ -201,10 +230,8 @@ def explain(
 ) -> Explanation:
     """Which method serves a context-parallel call of these sizes, and its traffic per rank.
 
-    Needs no process group. Volumes count tensor bytes sent by one rank (the largest shard):
-    the ring sends its K/V shard ``N - 1`` times forward and again backward plus ``N`` dK/dV
-    hops; all-to-all sends ``(N - 1) / N`` of Q, K, V (repeated to ``H`` heads when ``Hkv``
-    does not split) and of the output forward, and the same of their gradients backward.
+    Needs no process group. Volumes count tensor bytes sent by one rank holding the longest
+    shard (:func:`traffic`).
     """
     for name, value in (("B", B), ("H", H), ("Hkv", Hkv), ("T", T), ("D", D),
                         ("world_size", world_size)):
@@ -216,19 +243,15 @@ def explain(
     N = world_size
     chunk_bounds(T, N)
     L = -(-T // (2 * N)) * 2  # the longest shard
-    e = torch.empty((), dtype=dtype).element_size()
-    kv = B * Hkv * L * (D + Dv) * e
-    ring = ((N - 1) * kv, (N - 1) * kv + N * kv)
-    a2a = None
-    if H % N == 0:
-        heads_kv = Hkv if Hkv % N == 0 else H
-        share = (N - 1) / N
-        fwd = int(share * B * L * e * (H * D + heads_kv * (D + Dv) + H * Dv))
-        a2a = (fwd, fwd)  # the backward sends the same tensors' gradients
-    chosen = choose_method(method, H, N)
-    reason = {
-        ("auto", "all_to_all"): f"auto: H={H} splits over {N} ranks",
-        ("auto", "ring"): f"auto: H={H} does not split over {N} ranks",
-    }.get((method, chosen), f"method={method!r}")
-    fwd, bwd = ring if chosen == "ring" else a2a
-    return Explanation(chosen, reason, N, L, fwd, bwd, ring, a2a)
+    scale = B * L * torch.empty((), dtype=dtype).element_size()
+    volumes = {m: (int(f * scale), int(b * scale)) for m, (f, b) in
+               traffic(H, Hkv, D, Dv, N).items()}
+    chosen = choose_method(method, H, N, num_kv_heads=Hkv, head_dim=D, value_dim=Dv)
+    if method != "auto":
+        reason = f"method={method!r}"
+    elif "all_to_all" not in volumes:
+        reason = f"auto: H={H} does not split over {N} ranks"
+    else:
+        reason = "auto: fewer bytes sent per rank"
+    fwd, bwd = volumes[chosen]
+    return Explanation(chosen, reason, N, L, fwd, bwd, volumes["ring"], volumes.get("all_to_all"))
