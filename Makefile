@@ -7,13 +7,18 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test lint bench clean browser
+.PHONY: demo test fuzz lint bench clean browser
 
 demo: $(VENV)/.stamp-demo
 	$(BIN)/qkv demo
 
 test: $(VENV)/.stamp-test browser
 	$(BIN)/python -m pytest -n 2 -q
+
+# Thousands of hostile files (random bytes, truncations, bit flips, hostile JSON values) through
+# every file reader; `make test` runs a few hundred of the same examples (tests/fuzz).
+fuzz: $(VENV)/.stamp-test
+	QKV_FUZZ=1 $(BIN)/python -m pytest -n 2 -q tests/fuzz
 
 # The viewer's browser tests drive Debian's chromium headless through selenium (dev extra).
 # Where apt cannot run, those tests skip and say why.

@@ -161,7 +161,7 @@ def test_length_penalty_formula():
     (dict(beam_size=0), "beam_size must be a positive int, got 0"),
     (dict(num_return=0), "num_return must be a positive int, got 0"),
     (dict(beam_size=2, num_return=3), "num_return=3 must be <= beam_size=2"),
-    (dict(alpha=-0.5), "alpha must be a number >= 0, got -0.5"),
+    (dict(alpha=-0.5), "alpha must be a finite number >= 0 \\(0 = no length penalty\\), got -0.5"),
 ])  # fmt: skip
 def test_beam_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):

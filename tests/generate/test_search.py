@@ -221,7 +221,7 @@ def test_greedy_errors(inputs, kwargs, err, match):
 
 def test_sample_and_model_errors():
     model = _lm()
-    with pytest.raises(ValueError, match=r"temperature must be a number >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"temperature must be a finite number >= 0 \(0 = greedy\), got -1"):
         sample(model, PROMPTS, temperature=-1)
     with pytest.raises(ValueError, match=r"top_p must lie in"):
         sample(model, PROMPTS, top_p=0.0)

@@ -191,3 +191,37 @@ def test_stays_responsive_at_4096_tokens(browser, tmp_path):
     assert timings["render"] < 2000 and timings["hover"] < 250 and timings["layer"] < 1500
     assert timings["keyHover"] < 500
     assert size_mb < 8 and _errors(browser) == []
+
+
+def test_hostile_tokens_and_title_draw_as_text(browser, tmp_path):
+    from test_viewer_escaping import HOSTILE, LONE_SURROGATE
+
+    torch.manual_seed(0)
+    tokens = [*HOSTILE, LONE_SURROGATE]
+    model = DecoderLM(DecoderLMConfig(40, d_model=16, num_layers=1, num_heads=2)).eval()
+    ids = torch.arange(len(tokens))[None] % 40  # (1, T)
+    title = "</script><script>window.qkvPwned=1</script><!--<script>\u2028&amp;"
+    v = qi.view(model, tokens, tmp_path / "hostile.html", input_ids=ids, title=title)
+    browser.get(v.path.as_uri())
+    got = browser.execute_script(
+        """
+        const root = document.querySelector('.qkv-viewer');
+        const data = JSON.parse(root.querySelector('script.qkv-data').textContent);
+        const shown = [...root.querySelectorAll('.qkv-head .qkv-left .qkv-tok')]
+            .sort((a, b) => a.dataset.index - b.dataset.index).map(e => e.textContent);
+        return {ready: root.dataset.ready, pwned: window.qkvPwned === undefined ? null : 1,
+                scripts: document.scripts.length, title: document.title,
+                lone: data.tokens.source.at(-1).charCodeAt(0), n: data.tokens.source.length,
+                tokens: data.tokens.source.slice(0, -1), shown: shown.slice(0, 5),
+                viewers: document.querySelectorAll('.qkv-viewer').length};
+        """
+    )
+    assert got["ready"] == "1" and got["viewers"] == 1, got
+    assert got["pwned"] is None and got["scripts"] == 2, "a token started a script"
+    assert got["n"] == len(tokens) and got["tokens"] == HOSTILE, got["tokens"]
+    assert got["lone"] == 0xD800
+    # Labels are drawn as text (blank-looking ones are shown as their repr by the viewer or
+    # as they are): the first five are all visible and unaltered.
+    assert got["shown"] == HOSTILE[:5], got["shown"]
+    assert got["title"].startswith("</script><script>window.qkvPwned=1"), got["title"]
+    assert _errors(browser) == []

@@ -3,6 +3,9 @@
 * :func:`save_checkpoint` / :func:`load_checkpoint` / :class:`Checkpoint` /
   :class:`CheckpointError`: the folder (:mod:`~qkv.checkpoint.folder`).
 * :func:`is_qkv_checkpoint`: tell a qkv checkpoint from a Hugging Face folder.
+* :mod:`~qkv.checkpoint.tensor_file` (:class:`TensorFile`: safetensors header first, then data
+  checked finite) and :mod:`~qkv.checkpoint.backing` (a config checked against the header
+  before a model is built), shared with :mod:`qkv.pretrained`'s loaders.
 * :mod:`~qkv.checkpoint.optimizer`: optimizer state as tensors + JSON.
 
 The format sits below :mod:`qkv.train` (which writes and resumes checkpoints) and
@@ -18,11 +21,14 @@ from qkv.checkpoint.folder import (
     load_checkpoint,
     save_checkpoint,
 )
+from qkv.checkpoint.tensor_file import TensorFile, check_finite
 
 __all__ = [
     "FORMAT",
     "Checkpoint",
     "CheckpointError",
+    "TensorFile",
+    "check_finite",
     "is_qkv_checkpoint",
     "load_checkpoint",
     "save_checkpoint",

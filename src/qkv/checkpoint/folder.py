@@ -16,8 +16,11 @@ Writing goes into a fresh temporary folder next to the destination; every file i
 then the folder is renamed into place (the old one is moved aside first and deleted after),
 so a crash in the middle of a save leaves the previous checkpoint whole. Loading reads only
 safetensors and JSON, so it never runs code from the file, and every problem (a truncated or
-corrupt file, a missing tensor, a wrong shape, bad JSON, another model class) is a
-:class:`CheckpointError` that names the file and what is wrong.
+corrupt file, a missing tensor, a wrong shape, bad JSON, another model class, a config the
+tensors do not back, a NaN or infinite weight) is a :class:`CheckpointError` that names the
+file and what is wrong. ``config.json`` is checked against ``model.safetensors``'s header
+(names and shapes, :mod:`~qkv.checkpoint.backing`) before the model is built, and the tensors
+are read last, each checked finite (:mod:`~qkv.checkpoint.tensor_file`).
 """
 
 from __future__ import annotations
@@ -32,11 +35,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from qkv.checkpoint.backing import (
+    check_derived_buffers,
+    check_sizes,
+    check_state_shapes,
+    meta_model,
+)
 from qkv.checkpoint.optimizer import optimizer_from_flat, optimizer_to_flat
-from qkv.data.files import read_json
+from qkv.checkpoint.tensor_file import TensorFile
+from qkv.data.files import BadFileError, read_json, reading
 from qkv.data.tokenizers import Tokenizer, load_tokenizer
 
 __all__ = [
@@ -60,8 +70,12 @@ MODEL_CLASSES = {
 }
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or does not fit the model; the message names the file."""
+class CheckpointError(BadFileError):
+    """A checkpoint that cannot be read or does not fit the model.
+
+    A :class:`qkv.data.files.BadFileError` (so a ``ValueError``): the message names the file,
+    what was expected and what was found; ``path`` is the file.
+    """
 
 
 def is_qkv_checkpoint(folder: str | os.PathLike) -> bool:
@@ -230,20 +244,24 @@ def _read_json(file: Path) -> dict[str, Any]:
     try:
         return read_json(file)
     except FileNotFoundError:
-        raise CheckpointError(f"{file}: file missing") from None
+        raise CheckpointError(f"{file}: file missing", path=file) from None
     except ValueError as err:
-        raise CheckpointError(str(err)) from None
+        raise CheckpointError(str(err), path=file) from None
 
 
-def _read_tensors(file: Path, device: torch.device | str) -> dict[str, Tensor]:
-    if not file.is_file():
-        raise CheckpointError(f"{file}: file missing")
+def _open_tensors(file: Path) -> TensorFile:
+    """The header of a safetensors file of the checkpoint (data not read yet)."""
     try:
-        return load_file(str(file), device=str(device))
-    except Exception as err:  # safetensors raises its own SafetensorError
-        raise CheckpointError(
-            f"{file}: not a readable safetensors file, truncated or corrupt ({err})"
-        ) from None
+        return TensorFile(file)
+    except BadFileError as err:
+        raise CheckpointError(str(err), path=file) from None
+
+
+def _read_tensors(tensors: TensorFile, device: torch.device | str) -> dict[str, Tensor]:
+    try:
+        return tensors.read(device)
+    except BadFileError as err:
+        raise CheckpointError(str(err), path=tensors.path) from None
 
 
 def _resolve(path: Path) -> Path:
@@ -253,61 +271,84 @@ def _resolve(path: Path) -> Path:
     aside = sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda p: p.stat().st_mtime)
     if aside:
         return aside[-1]
-    raise CheckpointError(f"{path}: no checkpoint folder there")
+    raise CheckpointError(f"{path}: no checkpoint folder there", path=path)
 
 
-def _build_model(config: dict[str, Any], file: Path) -> nn.Module:
+def _tied(config: dict[str, Any], file: Path) -> dict[str, str]:
+    tied = config.get("tied") or {}
+    if not isinstance(tied, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in tied.items()
+    ):
+        raise CheckpointError(f"{file}: 'tied' must map tensor names to tensor names, got "
+                              f"{type(tied).__name__}", path=file)  # fmt: skip
+    return tied
+
+
+def _build_model(config: dict[str, Any], file: Path, weights: TensorFile, tied: dict[str, str]
+                 ) -> nn.Module:  # fmt: skip
+    """The model ``config.json`` names, built only once the weights' header backs its config."""
     name = config.get("model_class")
-    if name not in MODEL_CLASSES:
+    if not isinstance(name, str) or name not in MODEL_CLASSES:
         raise CheckpointError(
             f"{file}: model_class {name!r} is not one qkv can build; expected one of "
-            f"{sorted(MODEL_CLASSES)} (or pass model= to load into your own module)"
+            f"{sorted(MODEL_CLASSES)} (or pass model= to load into your own module)",
+            path=file,
         )
     import qkv.models
 
     model_cls = getattr(qkv.models, name)
     config_cls = getattr(qkv.models, MODEL_CLASSES[name])
     try:
-        return model_cls(config_cls.from_dict(config["model_config"]))
+        model_config = config_cls.from_dict(config["model_config"])
     except (KeyError, TypeError, ValueError) as err:
-        raise CheckpointError(f"{file}: bad model_config for {name} ({err})") from None
+        raise CheckpointError(f"{file}: bad model_config for {name} ({err})", path=file) from None
+    try:
+        # 1) sizes bounded by the header, 2) the exact shapes, 3) computed buffers: all before
+        # a single parameter is allocated (see qkv.checkpoint.backing)
+        check_sizes(model_config, tensors=len(weights.shapes), numel=weights.numel,
+                    config_file=file, data_file=weights.path)  # fmt: skip
+        meta = meta_model(lambda: model_cls(model_config))
+        expected = {k: tuple(v.shape) for k, v in meta.state_dict().items()}
+        check_state_shapes(expected, weights.shapes, tied=tied, data_file=weights.path,
+                           origin=f"the {name} {file} describes")  # fmt: skip
+        check_derived_buffers(meta, file_bytes=weights.nbytes, config_file=file)
+    except BadFileError as err:
+        raise CheckpointError(str(err), path=err.path) from None
+    return model_cls(model_config)
 
 
 def _check_model(model: nn.Module, config: dict[str, Any], file: Path) -> None:
     if config.get("model_class") != type(model).__name__:
         raise CheckpointError(
             f"{file}: the checkpoint holds a {config.get('model_class')!r}, but the model "
-            f"given is a {type(model).__name__!r}"
+            f"given is a {type(model).__name__!r}",
+            path=file,
         )
     mine, theirs = _model_config(model), config.get("model_config")
-    if mine is not None and theirs is not None and mine != theirs:
+    if mine is not None and isinstance(theirs, dict) and mine != theirs:
         diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
         details = ", ".join(f"{k}: {theirs.get(k)!r} vs {mine.get(k)!r}" for k in diff)
         raise CheckpointError(
-            f"{file}: model_config differs from the model's (checkpoint vs model): {details}"
+            f"{file}: model_config differs from the model's (checkpoint vs model): {details}",
+            path=file,
         )
 
 
-def _load_weights(model: nn.Module, tensors: dict[str, Tensor], tied: dict, file: Path) -> None:
-    expected = model.state_dict()
+def _check_given(model: nn.Module, weights: TensorFile, tied: dict[str, str]) -> None:
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    try:
+        check_state_shapes(expected, weights.shapes, tied=tied, data_file=weights.path,
+                           origin=f"the {type(model).__name__} given")  # fmt: skip
+    except BadFileError as err:
+        raise CheckpointError(str(err), path=err.path) from None
+
+
+def _load_weights(model: nn.Module, tensors: dict[str, Tensor], tied: dict[str, str]) -> None:
+    """Copy the (already shape-checked) tensors in; a tied name gets its source's tensor."""
     full = dict(tensors)
     for name, source in tied.items():
         if source in tensors:
             full[name] = tensors[source]
-    missing = sorted(set(expected) - set(full))
-    unexpected = sorted(set(full) - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{file}: tensors do not match the model: missing {missing[:8]}"
-            f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
-            f"{' ...' if len(unexpected) > 8 else ''}"
-        )
-    for name, t in full.items():
-        if t.shape != expected[name].shape:
-            raise CheckpointError(
-                f"{file}: tensor {name!r} has shape {tuple(t.shape)}, the model expects "
-                f"{tuple(expected[name].shape)}"
-            )
     model.load_state_dict(full, strict=True)
 
 
@@ -331,46 +372,62 @@ def load_checkpoint(
         a :class:`Checkpoint`.
 
     Raises:
-        CheckpointError: the folder or a file is missing, truncated, corrupt or does not
-            match the model or optimizer (the message names the file and the problem).
+        CheckpointError (a qkv.data.files.BadFileError, a ValueError): the folder or a file
+            is missing, truncated or corrupt; a config whose sizes the tensors do not back
+            (checked before the model is built); tensors that do not match the model or
+            optimizer, or hold NaN or infinity (the message names the file and the problem).
     """
     folder = _resolve(Path(path))
     config_file = folder / CONFIG_FILE
     config = _read_json(config_file)
     if config.get("format") != FORMAT:
-        raise CheckpointError(f"{config_file}: format is {config.get('format')!r}, not {FORMAT!r}")
+        raise CheckpointError(f"{config_file}: format is {config.get('format')!r}, not {FORMAT!r}",
+                              path=config_file)  # fmt: skip
     if config.get("version") != VERSION:
-        raise CheckpointError(f"{config_file}: version {config.get('version')!r} is not {VERSION}")
+        raise CheckpointError(f"{config_file}: version {config.get('version')!r} is not {VERSION}",
+                              path=config_file)  # fmt: skip
+    tied = _tied(config, config_file)
+    # The weights' header (names and shapes, no data) is checked against the model first.
+    weights = _open_tensors(folder / MODEL_FILE)
     if model is None:
-        model = _build_model(config, config_file)
+        model = _build_model(config, config_file, weights, tied)
     else:
         _check_model(model, config, config_file)
+        _check_given(model, weights, tied)
     if device is None:
         first = next(iter(model.parameters()), None)
         device = first.device if first is not None else "cpu"
-    tied = config.get("tied") or {}
-    _load_weights(model, _read_tensors(folder / MODEL_FILE, device), tied, folder / MODEL_FILE)
+    _load_weights(model, _read_tensors(weights, device), tied)
     tokenizers: dict[str, Tokenizer] = {}
-    for role, name in (config.get("tokenizers") or {}).items():
-        if not isinstance(name, str) or Path(name).name != name:
-            raise CheckpointError(f"{config_file}: tokenizer file {name!r} is not a plain name")
+    roles = config.get("tokenizers") or {}
+    if not isinstance(roles, dict):
+        raise CheckpointError(f"{config_file}: 'tokenizers' must map roles to file names, got "
+                              f"{type(roles).__name__}", path=config_file)  # fmt: skip
+    for role, name in roles.items():
+        if not isinstance(name, str) or not name or Path(name).name != name:
+            raise CheckpointError(f"{config_file}: tokenizer file {name!r} is not a plain name",
+                                  path=config_file)  # fmt: skip
         try:
             tokenizers[role] = load_tokenizer(folder / name)
         except (OSError, ValueError) as err:
-            raise CheckpointError(f"{folder / name}: cannot read tokenizer ({err})") from None
+            raise CheckpointError(f"{folder / name}: cannot read tokenizer {role!r} (listed in "
+                                  f"{config_file}): {err}", path=folder / name) from None
     ckpt = Checkpoint(folder, model, tokenizers, config)
     if config.get("training"):
-        ckpt.train_state = _read_json(folder / STATE_JSON)
-        tensors = _read_tensors(folder / STATE_TENSORS, "cpu")
+        state_file = folder / STATE_JSON
+        ckpt.train_state = _read_json(state_file)
+        tensors = _read_tensors(_open_tensors(folder / STATE_TENSORS), "cpu")
         if optimizer is not None:
             if "optimizer" not in ckpt.train_state:
-                raise CheckpointError(f"{folder / STATE_JSON}: no optimizer state")
-            where = f"{folder / STATE_JSON} + {STATE_TENSORS}"
+                raise CheckpointError(f"{state_file}: no optimizer state", path=state_file)
+            where = f"{state_file} + {STATE_TENSORS}"
             try:
-                optimizer_from_flat(optimizer, ckpt.train_state["optimizer"], tensors, where)
-            except ValueError as err:
-                raise CheckpointError(str(err)) from None
+                with reading(where, "the optimizer state qkv writes"):
+                    optimizer_from_flat(optimizer, ckpt.train_state["optimizer"], tensors, where)
+            except BadFileError as err:
+                raise CheckpointError(str(err), path=state_file) from None
         ckpt.train_tensors = {k: v for k, v in tensors.items() if not k.startswith("optimizer.")}
     elif optimizer is not None:
-        raise CheckpointError(f"{folder}: a model-only checkpoint has no optimizer state")
+        raise CheckpointError(f"{config_file}: a model-only checkpoint has no optimizer state "
+                              "(its 'training' is not true)", path=config_file)
     return ckpt

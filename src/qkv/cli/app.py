@@ -8,14 +8,23 @@ Adding a command
    ``[`` as ``\\[``). Keep the computation in plain functions the command calls, so tests can
    check numbers without parsing output.
 2. Import the module below and add it to :data:`COMMANDS`. Order is the order of ``--help``.
-3. Add a test that ``qkv <name> --help`` shows the example and that the command runs.
+3. Add a test that ``qkv <name> --help`` shows the example and that the command runs, and
+   add its hostile arguments to ``tests/cli/test_hostile_cli.py``.
+
+Failures are handled here, once for every command: each command runs under
+:func:`qkv.cli.common.guard` (shared option checks, expected errors as one line ``error: ...``,
+exit status 2), and :class:`QkvGroup` prints click's usage errors (an unknown option, a
+value out of range, a missing argument) as one line too, instead of a framed box.
 """
 
 from __future__ import annotations
 
+import sys
 from types import ModuleType
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
 from qkv.cli import (
     bench_cmd,
@@ -30,8 +39,9 @@ from qkv.cli import (
     train_cmd,
     translate_cmd,
 )
+from qkv.cli.common import fail, guard
 
-__all__ = ["COMMANDS", "app"]
+__all__ = ["COMMANDS", "QkvGroup", "app"]
 
 # Every command module: ``NAME`` (the word typed after ``qkv``) and ``command`` (the function).
 COMMANDS: tuple[ModuleType, ...] = (
@@ -48,8 +58,42 @@ COMMANDS: tuple[ModuleType, ...] = (
     bench_cmd,
 )
 
+
+
+class QkvGroup(TyperGroup):
+    """typer's command group, with click's usage errors printed as one line.
+
+    ``Invalid value for '--top-k': -1 is not in the range x>=1.`` or ``No such option:
+    --bogus`` becomes ``error: <that> (see: qkv generate --help)`` on stderr, exit status 2
+    (click's status for usage errors). ``qkv`` alone still prints the help.
+    """
+
+    def main(self, args: Any = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:  # fmt: skip
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except typer.TyperException as err:  # click's errors (typer vendors click)
+            if type(err).__name__ == "NoArgsIsHelpError":  # `qkv` alone: the help, as typer
+                from typer import rich_utils
+
+                rich_utils.rich_format_error(err)
+                sys.exit(err.exit_code)
+            ctx = getattr(err, "ctx", None)
+            hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+            fail(err.format_message() + hint)
+            sys.exit(err.exit_code)
+        except typer.Abort:
+            fail("aborted")
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
     name="qkv",
+    cls=QkvGroup,
     help=(
         "qkv: attention and the transformer, end to end, exact, fast and visible.\n\n"
         "[bold]Example:[/bold] qkv tour"
@@ -61,4 +105,4 @@ app = typer.Typer(
 )
 
 for _module in COMMANDS:
-    app.command(name=_module.NAME)(_module.command)
+    app.command(name=_module.NAME)(guard(_module.command))

@@ -22,7 +22,7 @@ from typing import Annotated, Any, TextIO
 import typer
 from rich.console import Console
 
-from qkv.cli.common import Seed, Temperature, TopK, TopP, fail
+from qkv.cli.common import Seed, Temperature, TopK, TopP, status
 
 __all__ = ["Conversation", "command", "run_chat"]
 
@@ -165,25 +165,23 @@ def command(
     """
     from qkv import pretrained
 
-    status = Console(stderr=True, highlight=False)
-    try:
-        with status.status(f"loading {model} ..."):
-            bundle = pretrained.load(model)
-        if not isinstance(bundle, pretrained.DecoderBundle):
-            raise ValueError(f"{model!r} is a sentence encoder, not a chat model")
-        if not getattr(bundle.tokenizer, "chat_template", None):
-            raise ValueError(f"{model!r} has no chat template; try: qkv generate --model "
-                             f"{model} --no-chat --prompt ...")  # fmt: skip
-    except (ValueError, TypeError, FileNotFoundError, ImportError) as err:
-        raise fail(err) from None
+    # Expected failures (ValueError, OSError, ...) become one line in common.guard.
+    console = Console(stderr=True, highlight=False)
+    with status(console, f"loading {model} ..."):
+        bundle = pretrained.load(model)
+    if not isinstance(bundle, pretrained.DecoderBundle):
+        raise ValueError(f"{model!r} is a sentence encoder, not a chat model")
+    if not getattr(bundle.tokenizer, "chat_template", None):
+        raise ValueError(f"{model!r} has no chat template; try: qkv generate --model "
+                         f"{model} --no-chat --prompt ...")  # fmt: skip
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                    top_p=top_p, seed=seed)  # fmt: skip
     conversation = Conversation(bundle, system=system, options=options)
     how = "greedy" if temperature == 0 else f"temperature {temperature}"
-    status.print(f"chatting with {bundle.name} ({how}, at most {max_new_tokens} tokens a "
-                 f"reply); {HELP_LINE}", markup=False)  # fmt: skip
+    console.print(f"chatting with {bundle.name} ({how}, at most {max_new_tokens} tokens a "
+                  f"reply); {HELP_LINE}", markup=False)  # fmt: skip
     try:
         run_chat(conversation, sys.stdin.readline, sys.stdout, echo=not sys.stdin.isatty(),
-                 errors=status)  # fmt: skip
+                 errors=console)  # fmt: skip
     except KeyboardInterrupt:  # Ctrl-C at the prompt leaves quietly
         sys.stdout.write("\n")

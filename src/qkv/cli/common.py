@@ -1,33 +1,53 @@
-"""What the ``qkv`` commands share, defined once: the error line, option types, formatting.
+"""What the ``qkv`` commands share, defined once: failures, shared checks, option types, formatting.
 
 Every command module imports its shared helpers from here and from the library, never from
 another command module.
 
-* :func:`fail`: an expected failure as one line ``error: <message>`` on stderr, exit status 2.
+* :func:`guard`: wraps every command (:mod:`qkv.cli.app` applies it), so that an expected
+  failure, from qkv or from the user's input (:func:`expected_errors`), is one line
+  ``error: <message>`` on stderr and exit status 2, never a traceback. Before the command
+  runs it checks the options several commands share, by parameter name (:data:`SHARED_CHECKS`):
+  ``device`` (:func:`check_device`) and ``out`` (:func:`check_out_folder`).
+* :func:`fail`: that one line, for a command to raise itself.
+* :func:`status`: a spinner whose text may echo user input (rich markup escaped).
 * :class:`DTypeName`: the ``--dtype`` choices.
 * ``Temperature``, ``TopK``, ``TopP``, ``Seed``: the decoding options of ``qkv generate`` and
   ``qkv chat``.
 * :func:`human_bytes`, :func:`metrics_line`: how sizes and metrics are printed.
+
+Every message that echoes user input (a model name, a path, a prompt) is printed with its
+rich markup escaped (or with ``markup=False``), so ``no[/such]model`` prints as typed.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
+from collections.abc import Callable
 from enum import Enum
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.errors import MarkupError
 from rich.markup import escape
 
 __all__ = [
+    "SHARED_CHECKS",
     "DTypeName",
     "Seed",
     "Temperature",
     "TopK",
     "TopP",
+    "check_device",
+    "check_out_folder",
+    "expected_errors",
     "fail",
+    "guard",
     "human_bytes",
     "metrics_line",
+    "status",
 ]
 
 
@@ -35,13 +55,140 @@ def fail(err: BaseException | str | object) -> typer.Exit:
     """Print ``error: <message>`` as one line on stderr; return the exit (status 2) to raise.
 
     Whitespace in the message (a newline from a library error) is collapsed to single spaces,
-    so the failure is always one line; an empty message prints the exception's type.
+    so the failure is always one line; an empty message prints the exception's type. The
+    message is printed as text: rich markup in it (``[/such]``) is shown, not interpreted.
     """
     message = " ".join(str(err).split()) or type(err).__name__
     Console(stderr=True, highlight=False, soft_wrap=True).print(
         f"[red]error:[/red] {escape(message)}", markup=True
     )
     return typer.Exit(2)
+
+
+def status(console: Console, text: str):
+    """``console.status(text)`` with ``text`` shown as typed (rich markup escaped)."""
+    return console.status(escape(text))
+
+
+def expected_errors() -> tuple[type[BaseException], ...]:
+    """The exception classes that are expected failures of a command, not bugs.
+
+    ``ValueError`` (qkv's argument, file and checkpoint errors are all ValueErrors),
+    ``TypeError``, ``OSError`` (a missing or unwritable file), ``ImportError`` (a missing
+    optional dependency, whose message says what to install), qkv's ``MissingData`` (a corpus
+    not on this machine), and, once their libraries are loaded, ``SafetensorError`` (a
+    truncated or corrupt weights file) and ``torch.OutOfMemoryError``; rich's
+    ``MarkupError`` too, as a safety net for user text printed as markup by mistake.
+    """
+    from qkv.data.text import MissingData
+
+    errors: list[type[BaseException]] = [ValueError, TypeError, OSError, ImportError, MissingData]
+    safetensors = sys.modules.get("safetensors")
+    if safetensors is not None and hasattr(safetensors, "SafetensorError"):
+        errors.append(safetensors.SafetensorError)
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "OutOfMemoryError"):
+        errors.append(torch.OutOfMemoryError)
+    # A safety net: user text printed as rich markup by mistake ("[/x]" in a path) is a
+    # bug of the print, but the user still gets one line, not a traceback.
+    errors.append(MarkupError)
+    return tuple(errors)
+
+
+def check_device(value: str, option: str = "--device") -> str:
+    """``value`` when it names a device torch can use on this machine.
+
+    ``cpu``; ``cuda`` / ``cuda:N`` when this torch build has CUDA and GPU ``N`` exists;
+    ``mps`` when available; any other device type torch knows is tried by allocating an
+    empty tensor on it.
+
+    Raises:
+        ValueError: ``"--device 'banana' is not a device ..."`` or ``"--device 'cuda' is not
+            available: ..."``.
+    """
+    import torch
+
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"{option} {value!r} is not a device: expected cpu, cuda, cuda:N, "
+                         "mps, ...") from None  # fmt: skip
+    why = ""
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not torch.backends.cuda.is_built():
+            why = "this torch build has no CUDA (a CPU build); use --device cpu"
+        elif count == 0:
+            why = "no CUDA GPU is visible; use --device cpu"
+        elif device.index is not None and device.index >= count:
+            why = f"GPU {device.index} does not exist ({count} visible: cuda:0..cuda:{count - 1})"
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            why = "MPS (Apple GPU) is not available on this machine; use --device cpu"
+    elif device.type == "meta":
+        why = "the meta device holds no data; use --device cpu"
+    elif device.type != "cpu":
+        try:
+            torch.empty(0, device=device)
+        except Exception as err:  # any failure means "not usable here"
+            why = " ".join(str(err).split())[:200] or type(err).__name__
+    if why:
+        raise ValueError(f"{option} {value!r} is not available: {why}")
+    return value
+
+
+def check_out_folder(path: str | Path, option: str = "--out") -> Path:
+    """``path`` as a folder that exists or can be created: neither it nor a folder above
+    it is a file.
+
+    Raises:
+        ValueError: ``"--out x/y is a file, not a folder"`` or ``"--out x/y cannot be
+            created: x is a file, not a folder"``.
+    """
+    folder = Path(path).expanduser()
+    for above in (folder, *folder.parents):
+        if above.is_dir():
+            break
+        if above.exists():
+            if above == folder:
+                raise ValueError(f"{option} {path} is a file, not a folder")
+            raise ValueError(f"{option} {path} cannot be created: {above} is a file, not a "
+                             "folder")  # fmt: skip
+    return folder
+
+
+# Options several commands share, checked once by guard before the command runs:
+# parameter name -> check(value) (raising ValueError that names the option).
+SHARED_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "device": check_device,
+    "out": check_out_folder,
+}
+
+
+def guard(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``command`` with the shared checks first and expected failures turned into one line.
+
+    The wrapper keeps ``command``'s signature and docstring (typer reads both). Options named
+    in :data:`SHARED_CHECKS` are checked when given; an exception of
+    :func:`expected_errors` becomes :func:`fail`'s one line and exit status 2; anything else
+    (a bug) propagates with its traceback.
+    """
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            for name, check in SHARED_CHECKS.items():
+                if kwargs.get(name) is not None:
+                    check(kwargs[name])
+            return command(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except Exception as err:
+            if isinstance(err, expected_errors()):
+                raise fail(err) from None
+            raise
+
+    return run
 
 
 class DTypeName(str, Enum):

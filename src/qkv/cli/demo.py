@@ -16,8 +16,8 @@ from typing import Annotated
 import torch
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from qkv.cli.common import fail
 from qkv.data import CharTokenizer
 from qkv.data.dates import CASES, DATE_FORMATS
 from qkv.models import Seq2SeqTransformer
@@ -116,37 +116,34 @@ def command(
     """
     from qkv.train.recipes import DEMO_DATES, date_recipe, train_dates
 
+    # --out was checked by common.guard (a folder, or creatable), which also turns expected
+    # failures (ValueError, OSError, ...) into one line.
     console = Console(highlight=False, soft_wrap=True)
     start = time.perf_counter()
-    try:
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"--out {out} is a file, not a folder")
-        out.mkdir(parents=True, exist_ok=True)
-        # metrics.jsonl is appended to: start it afresh so it describes this run alone
-        (out / "metrics.jsonl").unlink(missing_ok=True)
-        recipe = date_recipe(quick, seed=seed, run_dir=out)
-        # the data spec, so that `qkv eval <out>` rebuilds this run's own test split
-        spec = DataSpec("task", "dates", seed=recipe.seed, n_train=recipe.n_train,
-                        n_valid=recipe.n_valid, n_test=recipe.n_test)  # fmt: skip
-        (out / DATA_FILE).write_text(json.dumps(spec.to_json(), indent=1) + "\n")
-        if (threads or recipe.threads) is not None:
-            torch.set_num_threads(threads or recipe.threads)
-        n = torch.get_num_threads()
-        console.print(
-            f"[bold]qkv demo[/bold]: a transformer learns to normalise dates from scratch "
-            f"({'quick' if quick else 'full'} run, {n} CPU thread{'s' * (n > 1)})\n"
-            f"data: {recipe.n_train:,} training pairs in {len(DATE_FORMATS)} formats × "
-            f"{len(CASES)} letter cases, "
-            f"{recipe.n_valid:,} validation, {recipe.n_test:,} test (all sources distinct)\n"
-            f"training stops at {recipe.target:.1%} validation exact match, or after "
-            f"{recipe.time_budget:.0f} s"
-        )
-        run = train_dates(recipe)
-        texts = [t for t, _ in DEMO_DATES]
-        outputs = run.translate(texts)
-        pictures, viewer = attention_pictures(run.model, run.src_tok, run.tgt_tok, texts, out)
-    except (ValueError, TypeError, ImportError, OSError) as err:
-        raise fail(err) from None
+    out.mkdir(parents=True, exist_ok=True)
+    # metrics.jsonl is appended to: start it afresh so it describes this run alone
+    (out / "metrics.jsonl").unlink(missing_ok=True)
+    recipe = date_recipe(quick, seed=seed, run_dir=out)
+    # the data spec, so that `qkv eval <out>` rebuilds this run's own test split
+    spec = DataSpec("task", "dates", seed=recipe.seed, n_train=recipe.n_train,
+                    n_valid=recipe.n_valid, n_test=recipe.n_test)  # fmt: skip
+    (out / DATA_FILE).write_text(json.dumps(spec.to_json(), indent=1) + "\n")
+    if (threads or recipe.threads) is not None:
+        torch.set_num_threads(threads or recipe.threads)
+    n = torch.get_num_threads()
+    console.print(
+        f"[bold]qkv demo[/bold]: a transformer learns to normalise dates from scratch "
+        f"({'quick' if quick else 'full'} run, {n} CPU thread{'s' * (n > 1)})\n"
+        f"data: {recipe.n_train:,} training pairs in {len(DATE_FORMATS)} formats × "
+        f"{len(CASES)} letter cases, "
+        f"{recipe.n_valid:,} validation, {recipe.n_test:,} test (all sources distinct)\n"
+        f"training stops at {recipe.target:.1%} validation exact match, or after "
+        f"{recipe.time_budget:.0f} s"
+    )
+    run = train_dates(recipe)
+    texts = [t for t, _ in DEMO_DATES]
+    outputs = run.translate(texts)
+    pictures, viewer = attention_pictures(run.model, run.src_tok, run.tgt_tok, texts, out)
     _report(console, run, outputs, pictures, viewer, out, quick, time.perf_counter() - start)
 
 
@@ -175,16 +172,19 @@ def _report(console, run, outputs, pictures, viewer, out: Path, quick: bool,
     for (text, want), got in zip(DEMO_DATES, outputs, strict=True):
         mark = "[green]right[/green]" if got == want else f"[red]wrong[/red], expected {want}"
         note = " (in the training data)" if text in seen else ""
-        console.print(f"  {text:<{width}}  →  {got:<10}  {mark}{note}")
+        # the model's output is text, not markup (an untrained model can write "[")
+        console.print(f"  {escape(f'{text:<{width}}  →  {got:<10}')}  {mark}{note}")
     console.print("\n[bold]written[/bold]")
+    # Paths come from --out: printed as text, never as rich markup.
     if run.checkpoint is not None:
         console.print(f"  checkpoint        {run.checkpoint}  (try: qkv translate {out} "
-                      f"\"MAR 3, 2015\"; qkv eval {out})")  # fmt: skip
+                      f"\"MAR 3, 2015\"; qkv eval {out})", markup=False)  # fmt: skip
     for name, path in (("loss curve", out / "loss.png"), ("metrics", out / "metrics.jsonl")):
         if path.exists():
-            console.print(f"  {name:<17} {path}")
+            console.print(f"  {name:<17} {path}", markup=False)
     console.print(f"  alignments        {pictures[0]} ... {pictures[-1].name} "
-                  "(cross-attention, output × input)")  # fmt: skip
+                  "(cross-attention, output × input)", markup=False)  # fmt: skip
     if viewer is not None:
-        console.print(f"  viewer            {viewer}  (open in a browser; no network)")
-    console.print(f"output folder: {out}  (total {total:.0f} s)")
+        console.print(f"  viewer            {viewer}  (open in a browser; no network)",
+                      markup=False)  # fmt: skip
+    console.print(f"output folder: {out}  (total {total:.0f} s)", markup=False)

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 from torch import Tensor
 
-from qkv.cli.common import fail
+from qkv.cli.common import status
 
 __all__ = ["command", "print_table", "short"]
 
@@ -72,12 +72,10 @@ def command(
     from qkv import pretrained
 
     console = Console(highlight=False)
-    status = Console(stderr=True, highlight=False)
-    try:
-        with status.status(f"loading {model} ..."):
-            bundle = pretrained.load(model)
-        with status.status(f"embedding {len(texts)} texts ..."):
-            embeddings, cosine = pretrained.embed(texts, bundle, batch_size=batch_size)
-    except (ValueError, TypeError, FileNotFoundError, ImportError) as err:
-        raise fail(err) from None
+    stderr = Console(stderr=True, highlight=False)
+    # Expected failures (ValueError, OSError, ...) become one line in common.guard.
+    with status(stderr, f"loading {model} ..."):
+        bundle = pretrained.load(model)
+    with status(stderr, f"embedding {len(texts)} texts ..."):
+        embeddings, cosine = pretrained.embed(texts, bundle, batch_size=batch_size)
     print_table(list(texts), embeddings, cosine, console)

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from qkv.cli.common import fail, metrics_line
+from qkv.cli.common import metrics_line
 from qkv.train.runs import load_run, seq2seq_parts
 from qkv.train.spec import DataSpec, load_dataset
 
@@ -113,11 +113,9 @@ def command(
 
     [bold]Example:[/bold] qkv eval runs/dates
     """
-    try:
-        metrics, what = evaluate_checkpoint(checkpoint, task=task, pairs=pairs, text=text,
-                                            split=split, seed=seed, beam=beam)  # fmt: skip
-    except (ValueError, TypeError, FileNotFoundError, ImportError, OSError) as err:
-        raise fail(err) from None
+    # Expected failures (ValueError, OSError, ...) become one line in common.guard.
+    metrics, what = evaluate_checkpoint(checkpoint, task=task, pairs=pairs, text=text,
+                                        split=split, seed=seed, beam=beam)  # fmt: skip
     console = Console(highlight=False, soft_wrap=True)
-    console.print(f"{checkpoint}: {what}")
-    console.print(metrics_line(metrics))
+    console.print(f"{checkpoint}: {what}", markup=False)
+    console.print(metrics_line(metrics), markup=False)

@@ -27,7 +27,7 @@ import typer
 from rich.console import Console
 
 from qkv.checkpoint import is_qkv_checkpoint
-from qkv.cli.common import Seed, Temperature, TopK, TopP, fail
+from qkv.cli.common import Seed, Temperature, TopK, TopP, fail, status
 
 __all__ = [
     "Source",
@@ -119,8 +119,9 @@ def generate_from_checkpoint(
     Args:
         path: a checkpoint folder (see :func:`qkv.checkpoint.load_checkpoint`).
         prompts: ``B`` strings: prompts for a DecoderLM, sources for a Seq2SeqTransformer.
-        max_new_tokens: per prompt; None = 64 for a DecoderLM, ``2 * source length + 10`` for
-            a Seq2SeqTransformer (both capped by the model's ``max_len``).
+        max_new_tokens: per prompt; None = 64 for a DecoderLM (fewer when the longest prompt
+            leaves less room within the model's ``max_len``), ``2 * source length + 10`` for
+            a Seq2SeqTransformer (capped by the model's ``max_len``).
         add_bos: start a DecoderLM's prompt with BOS (as :func:`qkv.generate.complete`).
         **options: :func:`decoding_options`' result (temperature, top_k, top_p, seed, or
             beam_size).
@@ -149,8 +150,9 @@ def generate_from_checkpoint(
         if tok is None:
             raise ValueError(f"{path}: the checkpoint holds no 'text' tokenizer (found "
                              f"{sorted(toks)}), so prompts cannot be encoded")  # fmt: skip
-        n = max_new_tokens or min(DECODER_DEFAULT_TOKENS, model.config.max_len)
-        return complete(model, prompts, tok, max_new_tokens=n, add_bos=add_bos, **options)
+        # None: complete() generates up to 64 tokens, as many as fit after the longest prompt
+        return complete(model, prompts, tok, max_new_tokens=max_new_tokens, add_bos=add_bos,
+                        **options)  # fmt: skip
     raise ValueError(
         f"{path}: holds a {type(model).__name__}, which does not generate text; qkv generate "
         "takes DecoderLM and Seq2SeqTransformer checkpoints"
@@ -166,7 +168,8 @@ def generate_from_bundle(
     Args:
         bundle: a :class:`qkv.pretrained.DecoderBundle`.
         prompts: ``B`` strings, decoded one at a time.
-        max_new_tokens: per prompt; None = 64.
+        max_new_tokens: per prompt; None = 64, or as many as fit after the prompt within the
+            model's ``max_len``.
         chat: True wraps each prompt as one user message of the chat template, False encodes
             it as is, None = True when the tokenizer has a chat template.
         **options: :func:`decoding_options`' result; ``beam_size`` runs
@@ -179,6 +182,7 @@ def generate_from_bundle(
         ValueError: a sentence encoder; ``chat=True`` without a chat template; bad options.
     """
     from qkv.generate import generate, strip
+    from qkv.generate.args import default_new_tokens
     from qkv.pretrained import DecoderBundle
 
     if not isinstance(bundle, DecoderBundle):
@@ -188,15 +192,16 @@ def generate_from_bundle(
     if chat and not has_template:
         raise ValueError(f"{bundle.name!r} has no chat template; use --no-chat")
     use_chat = has_template if chat is None else chat
-    n = max_new_tokens or DECODER_DEFAULT_TOKENS
+    limit = getattr(getattr(bundle.model, "config", None), "max_len", None)
     beam = options.pop("beam_size", None)
     out = []
     for prompt in prompts:
         inputs: Any = [{"role": "user", "content": prompt}] if use_chat else prompt
-        if beam is None:
-            out.append(bundle.generate(inputs, n, **options))
-            continue
         ids = bundle.prompt_ids(inputs)
+        n = max_new_tokens or default_new_tokens(limit, len(ids), DECODER_DEFAULT_TOKENS)
+        if beam is None:
+            out.append(bundle.generate(ids, n, **options))
+            continue
         tokens = generate(bundle.model, [ids], max_new_tokens=n, beam_size=beam,
                           eos_id=bundle.eos_id)  # (1, L)
         out.append(bundle.tokenizer.decode(strip(tokens, bundle.eos_id)[0],
@@ -220,7 +225,8 @@ def command(
     )] = None,
     max_new_tokens: Annotated[int | None, typer.Option(
         "--max-new-tokens", "-n", min=1, show_default=False,
-        help="Most tokens generated per prompt \\[default: 64; translation: 2 x source + 10].",
+        help="Most tokens generated per prompt \\[default: 64, or what fits in the model's "
+        "max_len after the prompt; translation: 2 x source + 10].",
     )] = None,
     temperature: Temperature = 0.0,
     top_k: TopK = None,
@@ -247,28 +253,26 @@ def command(
 
     [bold]Example:[/bold] qkv generate runs/copy/best --prompt "hello" --beam 4
     """
+    # Expected failures (ValueError, OSError, ...) become one line in common.guard.
     console = Console(stderr=True, highlight=False)
     if not prompt:
         raise fail("give at least one --prompt TEXT")
-    try:
-        source = resolve_source(checkpoint, model)
-        options = decoding_options(temperature, top_k, top_p, seed, beam)
-        if source.note:
-            console.print(source.note, markup=False)
-        if source.kind == "checkpoint":
-            with console.status(f"loading {source.location} and generating ..."):
-                texts = generate_from_checkpoint(source.location, prompt, add_bos=bos,
-                                                 max_new_tokens=max_new_tokens, **options)
-        else:
-            from qkv import pretrained
+    source = resolve_source(checkpoint, model)
+    options = decoding_options(temperature, top_k, top_p, seed, beam)
+    if source.note:
+        console.print(source.note, markup=False)
+    if source.kind == "checkpoint":
+        with status(console, f"loading {source.location} and generating ..."):
+            texts = generate_from_checkpoint(source.location, prompt, add_bos=bos,
+                                             max_new_tokens=max_new_tokens, **options)
+    else:
+        from qkv import pretrained
 
-            with console.status(f"loading {source.location} ..."):
-                bundle = pretrained.load(source.location)
-            with console.status("generating ..."):
-                texts = generate_from_bundle(bundle, prompt, max_new_tokens=max_new_tokens,
-                                             chat=chat, **options)  # fmt: skip
-    except (ValueError, TypeError, FileNotFoundError, ImportError) as err:
-        raise fail(err) from None
+        with status(console, f"loading {source.location} ..."):
+            bundle = pretrained.load(source.location)
+        with status(console, "generating ..."):
+            texts = generate_from_bundle(bundle, prompt, max_new_tokens=max_new_tokens,
+                                         chat=chat, **options)  # fmt: skip
     for i, (p, text) in enumerate(zip(prompt, texts, strict=True)):
         if len(prompt) > 1:  # several prompts: a header line before each answer
             print(("\n" if i else "") + f"> {p}")

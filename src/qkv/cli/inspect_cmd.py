@@ -15,9 +15,10 @@ from typing import Annotated, Any
 import torch
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from qkv.checkpoint import is_qkv_checkpoint, load_checkpoint
-from qkv.cli.common import fail
+from qkv.cli.common import status
 
 __all__ = ["Prepared", "command", "load_model", "prepare_inputs"]
 
@@ -133,22 +134,22 @@ def command(
     """
     from qkv.inspect import write_report
 
+    # Expected failures (ValueError, OSError, ...) become one line in common.guard. Tokens,
+    # names and paths are the user's: printed as text, never as rich markup.
     console = Console(highlight=False, soft_wrap=True)  # paths are never broken across lines
-    try:
-        with console.status(f"loading {model} ..."):
-            net, src_tok, tgt_tok = load_model(model)
-        with console.status("running the model and drawing ..."):
-            p = prepare_inputs(net, src_tok, tgt_tok, text, target, max_tokens)
-            files = write_report(
-                p.model, p.input_ids, out, tokens=p.tokens, target=p.target,
-                target_tokens=p.target_tokens, title=f"{model}: {text[:60]}",
-            )
-    except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
-        raise fail(e) from None
+    with status(console, f"loading {model} ..."):
+        net, src_tok, tgt_tok = load_model(model)
+    with status(console, "running the model and drawing ..."):
+        p = prepare_inputs(net, src_tok, tgt_tok, text, target, max_tokens)
+        files = write_report(
+            p.model, p.input_ids, out, tokens=p.tokens, target=p.target,
+            target_tokens=p.target_tokens, title=f"{model}: {text[:60]}",
+        )
     for note in p.notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {note}", markup=False)
     console.print(f"{len(p.tokens)} tokens: {' '.join(p.tokens[:24])}" +
-                  (" ..." if len(p.tokens) > 24 else ""))  # fmt: skip
+                  (" ..." if len(p.tokens) > 24 else ""), markup=False)  # fmt: skip
     for what, path in files.items():
-        console.print(f"  {what:<34} {path}")
-    console.print(f"[bold]viewer:[/bold] {files['viewer']} (open it in a browser; no network)")
+        console.print(f"  {what:<34} {path}", markup=False)
+    console.print(f"[bold]viewer:[/bold] {escape(str(files['viewer']))} (open it in a browser; "
+                  "no network)")  # fmt: skip

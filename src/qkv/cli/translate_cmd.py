@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from qkv.cli.common import fail
 from qkv.train.runs import load_run, seq2seq_parts
 
 __all__ = ["command", "translate_texts"]
@@ -53,10 +52,8 @@ def command(
 
     [bold]Example:[/bold] qkv translate runs/demo "tuesday 3rd of march 2015" "7/4/76"
     """
-    try:
-        outputs = translate_texts(checkpoint, texts, beam=beam, max_new_tokens=max_new_tokens)
-    except (ValueError, TypeError, FileNotFoundError, OSError) as err:
-        raise fail(err) from None
+    # Expected failures (ValueError, OSError, ...) become one line in common.guard.
+    outputs = translate_texts(checkpoint, texts, beam=beam, max_new_tokens=max_new_tokens)
     console = Console(highlight=False, soft_wrap=True)
     for line in outputs:
         console.print(line, markup=False)

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from qkv.data.files import BadFileError, MissingFileError, reading
 from qkv.data.tokenizer_base import (
     BOS_ID,
     EOS_ID,
@@ -117,22 +118,23 @@ class _LibraryTokenizer(SpecialIds):
         """Read a ``tokenizer.json`` written by :meth:`save`.
 
         Raises:
-            FileNotFoundError: nothing at ``path``.
-            ValueError: a different model type, or special tokens at other ids.
+            qkv.data.files.MissingFileError (a FileNotFoundError): nothing at ``path``.
+            qkv.data.files.BadFileError (a ValueError): a file the library cannot parse, a
+                different model type, or special tokens at other ids (naming the file).
             ImportError: the ``tokenizers`` library is not installed.
         """
         lib = import_tokenizers()
         file = json_path(path)
         if not file.is_file():
-            raise FileNotFoundError(f"no tokenizer file at {file}")
-        backend = lib.Tokenizer.from_file(str(file))
+            raise MissingFileError(f"no tokenizer file at {file}", path=file)
+        with reading(file, "a tokenizers library tokenizer.json", errors=(Exception,)):
+            backend = lib.Tokenizer.from_file(str(file))
         found = type(backend.model).__name__
         if found != cls.model_type:
-            raise ValueError(f"{file} holds a {found} tokenizer, expected {cls.model_type}")
-        try:
+            raise BadFileError(f"{file} holds a {found} tokenizer, expected {cls.model_type}",
+                               path=file)
+        with reading(file, f"a qkv {cls.model_type} tokenizer"):
             return cls(backend)
-        except ValueError as err:
-            raise ValueError(f"{file}: {err}") from None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(vocab_size={self.vocab_size})"

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from qkv.data.files import read_json
+from qkv.data.files import BadFileError, read_json, reading
 from qkv.data.subword import BPETokenizer, WordPieceTokenizer
 from qkv.data.tokenizer_base import (
     BOS_ID,
@@ -133,8 +133,10 @@ class CharTokenizer(SpecialIds):
         """Read a tokenizer written by :meth:`save`."""
         data = _read_json(path)
         if data.get(FORMAT_KEY) != "char":
-            raise ValueError(f"{json_path(path)} is not a qkv char tokenizer file")
-        return cls(data["chars"])
+            raise BadFileError(f"{json_path(path)} is not a qkv char tokenizer file",
+                               path=json_path(path))
+        with reading(json_path(path), "a qkv char tokenizer"):
+            return cls(data["chars"])
 
     def __repr__(self) -> str:
         return f"CharTokenizer(vocab_size={self.vocab_size})"
@@ -178,7 +180,8 @@ class ByteTokenizer(SpecialIds):
     def load(cls, path: str | os.PathLike) -> ByteTokenizer:
         """Read a tokenizer written by :meth:`save`."""
         if _read_json(path).get(FORMAT_KEY) != "byte":
-            raise ValueError(f"{json_path(path)} is not a qkv byte tokenizer file")
+            raise BadFileError(f"{json_path(path)} is not a qkv byte tokenizer file",
+                               path=json_path(path))
         return cls()
 
     def __repr__(self) -> str:
@@ -200,22 +203,27 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
         :class:`~qkv.data.subword.BPETokenizer` or :class:`~qkv.data.subword.WordPieceTokenizer`.
 
     Raises:
-        FileNotFoundError: nothing at ``path``.
-        ValueError: a file that is not one of these formats.
+        qkv.data.files.MissingFileError (a FileNotFoundError): nothing at ``path``.
+        qkv.data.files.BadFileError (a ValueError): a file that is not one of these formats,
+            or is one of them but malformed (the message names the file).
         ImportError: a BPE/WordPiece file without the ``tokenizers`` library installed.
     """
-    data = _read_json(path)
+    file = json_path(path)
+    data = _read_json(file)
     kind = data.get(FORMAT_KEY)
     if kind == "char":
-        return CharTokenizer(data["chars"])
+        with reading(file, "a qkv char tokenizer"):
+            return CharTokenizer(data["chars"])
     if kind == "byte":
         return ByteTokenizer()
-    model_type = data.get("model", {}).get("type") if isinstance(data.get("model"), dict) else None
+    model = data.get("model")
+    model_type = model.get("type") if isinstance(model, dict) else None
     if kind is None and model_type in ("BPE", "WordPiece"):
         cls = BPETokenizer if model_type == "BPE" else WordPieceTokenizer
-        return cls.load(path)
-    raise ValueError(
+        return cls.load(file)
+    raise BadFileError(
         f"{json_path(path)} is not a qkv tokenizer: expected {FORMAT_KEY!r} 'char' or 'byte', "
         f"or a tokenizer.json with model type 'BPE' or 'WordPiece'; got {FORMAT_KEY}={kind!r}, "
-        f"model type={model_type!r}"
+        f"model type={model_type!r}",
+        path=file,
     )

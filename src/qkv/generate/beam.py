@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.checks import positive_int
+from qkv.generate.args import check_alpha
 from qkv.generate.search import _ids
 from qkv.generate.session import Inputs, make_session
 
@@ -63,14 +64,14 @@ def beam_search(
 
     Raises:
         ValueError: ``beam_size`` or ``num_return`` not a positive int, ``num_return >
-            beam_size``, ``alpha < 0``, and as :func:`~qkv.generate.greedy`.
+            beam_size``, ``alpha`` not a finite number >= 0, and as
+            :func:`~qkv.generate.greedy`.
     """
     positive_int("beam_size", beam_size)
     positive_int("num_return", num_return)
     if num_return > beam_size:
         raise ValueError(f"num_return={num_return} must be <= beam_size={beam_size}")
-    if not isinstance(alpha, int | float) or alpha < 0:
-        raise ValueError(f"alpha must be a number >= 0, got {alpha!r}")
+    alpha = check_alpha(alpha)
     eos, pad, bos, fill = _ids(model, eos_id, pad_id, bos_id)
     session = make_session(model, inputs, max_new_tokens, pad_id=pad, bos_id=bos)
     B, K = session.batch, beam_size

@@ -16,6 +16,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from qkv.checks import is_number
+from qkv.generate.args import check_sampling, check_seed
+
 __all__ = ["Sampler", "filter_logits", "top_p_keep"]
 
 
@@ -36,7 +39,7 @@ def top_p_keep(probs: Tensor, p: float) -> Tensor:
     Raises:
         ValueError: ``p`` outside ``(0, 1]``.
     """
-    if not 0.0 < p <= 1.0:
+    if not is_number(p) or not 0.0 < p <= 1.0:
         raise ValueError(f"top_p must lie in (0, 1], got {p!r}")
     sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # (B, V) each
     mass_before = sorted_probs.cumsum(-1) - sorted_probs  # (B, V)
@@ -61,14 +64,14 @@ def filter_logits(
         ``(B, V)`` float logits.
 
     Raises:
-        ValueError: ``temperature <= 0``, ``top_k < 1``, ``top_p`` outside ``(0, 1]``.
+        ValueError: ``temperature`` not a finite number > 0, ``top_k`` not an int >= 1,
+            ``top_p`` outside ``(0, 1]``.
     """
-    if not temperature > 0:
+    if not is_number(temperature) or not temperature > 0:
         raise ValueError(f"temperature must be > 0 here (0 means greedy), got {temperature!r}")
+    check_sampling(temperature, top_k, top_p)
     out = logits.float() / temperature  # (B, V)
     if top_k is not None:
-        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
-            raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
         kth = out.topk(min(top_k, out.shape[-1]), dim=-1).values[:, -1:]  # (B, 1)
         out = out.masked_fill(out < kth, float("-inf"))
     if top_p is not None:
@@ -89,7 +92,8 @@ class Sampler:
         device: where the generators live.
 
     Raises:
-        ValueError: a seed list of the wrong length, bad sampling parameters.
+        ValueError: a bad seed (:func:`~qkv.generate.args.check_seed`), bad sampling
+            parameters.
     """
 
     def __init__(
@@ -104,12 +108,9 @@ class Sampler:
     ) -> None:
         if seed is None:
             seed = int(torch.randint(0, 2**62, ()))
-        if isinstance(seed, int) and not isinstance(seed, bool):
-            seeds = [seed + b for b in range(batch)]
-        else:
-            seeds = list(seed)
-            if len(seeds) != batch or not all(isinstance(s, int) for s in seeds):
-                raise ValueError(f"seed must be an int or {batch} ints (one per row), got {seed!r}")
+        seeds = check_seed(seed, batch)
+        assert seeds is not None
+        check_sampling(temperature, top_k, top_p)
         filter_logits(torch.zeros(1, 2), temperature=temperature, top_k=top_k, top_p=top_p)
         self.options = dict(temperature=temperature, top_k=top_k, top_p=top_p)
         self.generators = [torch.Generator(device).manual_seed(s) for s in seeds]

@@ -16,8 +16,10 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
+from qkv.checks import is_int
+from qkv.generate.args import check_sampling, check_seed, special_ids
 from qkv.generate.sampling import Sampler
-from qkv.generate.session import Inputs, make_session, model_device, special_id
+from qkv.generate.session import Inputs, is_seq2seq, make_session, model_device
 
 __all__ = ["greedy", "sample", "stream", "strip"]
 
@@ -44,11 +46,9 @@ def _steps(
 
 
 def _ids(model: nn.Module, eos_id: int | None, pad_id: int | None, bos_id: int | None = None):
-    eos = special_id(model, "eos_id", eos_id)
-    pad = special_id(model, "pad_id", pad_id)
-    bos = special_id(model, "bos_id", bos_id)
-    fill = pad if pad is not None else (eos if eos is not None else 0)
-    return eos, pad, bos, fill
+    """``(eos, pad, bos, fill)`` checked against the model's vocabularies (TypeError for a
+    model of neither kind)."""
+    return special_ids(model, eos_id, pad_id, bos_id, seq2seq=is_seq2seq(model))
 
 
 @torch.no_grad()
@@ -114,20 +114,20 @@ def sample(
         ``(B, L)`` long, as :func:`greedy`.
 
     Raises:
-        ValueError: as :func:`greedy`, and ``temperature < 0``, ``top_k < 1``, ``top_p``
-            outside ``(0, 1]``, a seed list of the wrong length.
+        ValueError: as :func:`greedy`, and ``temperature`` not a finite number >= 0,
+            ``top_k`` not an int >= 1, ``top_p`` outside ``(0, 1]``, a bad seed (all checked
+            even when ``temperature=0`` leaves them unused; see :mod:`qkv.generate.args`).
     """
-    if not isinstance(temperature, int | float) or temperature < 0:
-        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
-    if temperature == 0:
-        return greedy(model, inputs, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                      pad_id=pad_id, bos_id=bos_id)  # fmt: skip
+    check_sampling(temperature, top_k, top_p)
     eos, pad, bos, fill = _ids(model, eos_id, pad_id, bos_id)
     session = make_session(model, inputs, max_new_tokens, pad_id=pad, bos_id=bos)
-    device = model_device(model)
-    sampler = Sampler(session.batch, seed=seed, temperature=temperature, top_k=top_k,
-                      top_p=top_p, device=device)  # fmt: skip
-    return torch.stack(list(_steps(session, sampler, max_new_tokens, eos, fill)), dim=1)
+    check_seed(seed, session.batch)  # checked even when greedy leaves it unused
+    if temperature == 0:
+        choose: Callable[[Tensor], Tensor] = lambda logits: logits.argmax(-1)  # noqa: E731
+    else:
+        choose = Sampler(session.batch, seed=seed, temperature=temperature, top_k=top_k,
+                         top_p=top_p, device=model_device(model))  # fmt: skip
+    return torch.stack(list(_steps(session, choose, max_new_tokens, eos, fill)), dim=1)
 
 
 def stream(
@@ -150,7 +150,7 @@ def stream(
     Args:
         model: a decoder-only LM (an encoder-decoder model works too, ``prompt`` being the
             source).
-        prompt: the token ids.
+        prompt: the token ids (a list, or a 1-D tensor).
         max_new_tokens, temperature, top_k, top_p, eos_id, bos_id: as :func:`sample`.
         seed: an int or None.
 
@@ -158,20 +158,30 @@ def stream(
         an iterator of ints (computed lazily: each ``next`` runs one model step).
 
     Raises:
-        ValueError: as :func:`sample` (raised at the first ``next``).
+        ValueError: as :func:`sample`, raised by this call (before the first ``next``).
     """
-    if not isinstance(temperature, int | float) or temperature < 0:
-        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+    check_sampling(temperature, top_k, top_p)
+    if seed is not None and not is_int(seed):
+        raise ValueError(f"seed must be an int or None (stream decodes one row), got {seed!r:.80}")
+    check_seed(seed, 1)
+    if isinstance(prompt, Tensor):
+        prompt = prompt.reshape(-1).tolist() if prompt.dim() <= 1 else prompt
+    if isinstance(prompt, str | Tensor) or not isinstance(prompt, Sequence):
+        raise ValueError(f"prompt must be a list of token ids (or a 1-D tensor), got "
+                         f"{prompt!r:.80}")  # fmt: skip
     with torch.no_grad():
         eos, pad, bos, fill = _ids(model, eos_id, None, bos_id)
         session = make_session(model, [list(prompt)], max_new_tokens, pad_id=pad, bos_id=bos)
         if temperature == 0:
             choose: Callable[[Tensor], Tensor] = lambda logits: logits.argmax(-1)  # noqa: E731
         else:
-            device = model_device(model)
             choose = Sampler(1, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
-                             device=device)  # fmt: skip
-        steps = _steps(session, choose, max_new_tokens, eos, fill)
+                             device=model_device(model))  # fmt: skip
+    return _tokens(_steps(session, choose, max_new_tokens, eos, fill), eos)
+
+
+def _tokens(steps: Iterator[Tensor], eos: int | None) -> Iterator[int]:
+    """The ints of one row's steps, stopping before EOS; each step runs under no_grad."""
     while True:
         with torch.no_grad():
             tokens = next(steps, None)

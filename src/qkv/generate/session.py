@@ -31,7 +31,6 @@ __all__ = [
     "is_seq2seq",
     "make_session",
     "model_device",
-    "special_id",
 ]
 
 Inputs = Sequence[Sequence[int]] | Tensor
@@ -49,15 +48,6 @@ def is_seq2seq(model: nn.Module) -> bool:
             f"got {type(model).__name__}"
         )
     return hasattr(model, "encode") and hasattr(model, "decode")
-
-
-def special_id(model: nn.Module, name: str, given: int | None) -> int | None:
-    """``given``, else ``model.config.<name>`` (e.g. ``eos_id``), else None."""
-    if given is not None:
-        if not is_int(given) or given < 0:
-            raise ValueError(f"{name} must be a non-negative int or None, got {given!r}")
-        return given
-    return getattr(getattr(model, "config", None), name, None)
 
 
 def _rows(inputs: Inputs, what: str) -> list[list[int]]:

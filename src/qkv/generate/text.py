@@ -14,11 +14,21 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from qkv.checks import positive_int
+from qkv.generate.args import check_sampling, default_new_tokens, special_ids
 from qkv.generate.beam import beam_search
 from qkv.generate.search import sample, strip
-from qkv.generate.session import Inputs, is_seq2seq, special_id
+from qkv.generate.session import Inputs, is_seq2seq
 
-__all__ = ["complete", "generate", "translate"]
+__all__ = ["COMPLETE_DEFAULT_TOKENS", "complete", "generate", "translate"]
+
+COMPLETE_DEFAULT_TOKENS = 64  # complete()'s max_new_tokens when not given (room permitting)
+
+
+def _eos(model: nn.Module, options: dict[str, Any]) -> int | None:
+    """The EOS id decoding will stop at (given in ``options`` or the config's), checked."""
+    ids = {k: options.get(k) for k in ("eos_id", "pad_id", "bos_id")}
+    return special_ids(model, **ids, seq2seq=is_seq2seq(model))[0]
 
 
 def generate(
@@ -51,6 +61,7 @@ def generate(
         ValueError: as the method chosen; beam search together with ``temperature > 0``.
     """
     ids: dict[str, Any] = dict(eos_id=eos_id, pad_id=pad_id, bos_id=bos_id)
+    check_sampling(temperature, top_k, top_p)
     if beam_size is not None:
         if temperature:
             raise ValueError(
@@ -95,7 +106,10 @@ def translate(
         raise TypeError(f"translate needs an encoder-decoder model, got {type(model).__name__}")
     if isinstance(texts, str) or any(not isinstance(t, str) for t in texts):
         raise TypeError("texts must be a list of strings")
-    eos = special_id(model, "eos_id", options.get("eos_id"))
+    positive_int("batch_size", batch_size)
+    if max_new_tokens is not None:
+        positive_int("max_new_tokens", max_new_tokens)
+    eos = _eos(model, options)
     limit = getattr(getattr(model, "config", None), "max_len", None)
     out: list[str] = []
     for start in range(0, len(texts), batch_size):
@@ -112,7 +126,7 @@ def complete(
     prompts: Sequence[str],
     tokenizer: Any,
     *,
-    max_new_tokens: int = 64,
+    max_new_tokens: int | None = None,
     add_bos: bool = True,
     **options: Any,
 ) -> list[str]:
@@ -122,19 +136,26 @@ def complete(
         model: e.g. :class:`qkv.models.DecoderLM`.
         prompts: prompt strings.
         tokenizer: the model's tokenizer.
-        max_new_tokens: tokens generated per prompt.
+        max_new_tokens: tokens generated per prompt; None = :data:`COMPLETE_DEFAULT_TOKENS`,
+            cut to the room the longest prompt leaves within the model's ``max_len``.
         add_bos: start each prompt with BOS (as in training with BOS-separated documents).
         **options: passed to :func:`generate`.
 
     Raises:
         TypeError: an encoder-decoder model or non-string prompts; ValueError: as
-            :func:`generate`.
+            :func:`generate`, and a prompt that alone fills the model's ``max_len``.
     """
     if is_seq2seq(model):
         raise TypeError(f"complete needs a decoder-only model, got {type(model).__name__}")
     if isinstance(prompts, str) or any(not isinstance(p, str) for p in prompts):
         raise TypeError("prompts must be a list of strings")
-    eos = special_id(model, "eos_id", options.get("eos_id"))
+    if max_new_tokens is not None:
+        positive_int("max_new_tokens", max_new_tokens)
+    eos = _eos(model, options)
     ids = [tokenizer.encode(p, add_bos=add_bos) for p in prompts]
+    if max_new_tokens is None:
+        limit = getattr(getattr(model, "config", None), "max_len", None)
+        longest = max((len(i) for i in ids), default=0)
+        max_new_tokens = default_new_tokens(limit, longest, COMPLETE_DEFAULT_TOKENS)
     tokens = generate(model, ids, max_new_tokens=max_new_tokens, **options)
     return [tokenizer.decode(row) for row in strip(tokens, eos)]

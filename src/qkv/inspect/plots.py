@@ -14,6 +14,7 @@ most ``max_labels`` tick labels are written, so thousands of tokens give a reada
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ import torch
 from torch import Tensor
 
 from qkv.inspect.capture import Captured
+from qkv.inspect.files import atomic_write
 from qkv.inspect.pool import bin_edges, pool
 
 __all__ = ["plot_alignment", "plot_grid", "plot_head", "plot_rollout", "rollout"]
@@ -45,11 +47,11 @@ def new_figure(figsize: tuple[float, float], dpi: int):
 
 
 def save(fig, path: str | os.PathLike) -> Path:
-    """Write ``fig`` as PNG at its own size (no tight bounding box: sizes stay predictable)."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png", dpi=fig.dpi)
-    return out
+    """Write ``fig`` as PNG at its own size (no tight bounding box: sizes stay predictable),
+    atomically."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=fig.dpi)
+    return atomic_write(path, buffer.getvalue())
 
 
 def tick_labels(labels: Sequence[str] | None, n: int, cells: int, max_labels: int):

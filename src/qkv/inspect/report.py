@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from qkv.inspect.adapters import key_side, query_side, run_model
 from qkv.inspect.capture import capture
 from qkv.inspect.figures import plot_masks, plot_positions
+from qkv.inspect.files import atomic_write
 from qkv.inspect.plots import plot_alignment, plot_grid, plot_head, plot_rollout
 from qkv.inspect.trace import trace
 from qkv.inspect.viewer import view
@@ -94,8 +95,8 @@ def write_report(
                                             d_model=d_model)  # fmt: skip
     journey = trace(model, input_ids, -1, target=target, tokens=tokens,
                     target_tokens=target_tokens)  # fmt: skip
-    (folder / "trace.txt").write_text(journey.table() + "\n", encoding="utf-8")
-    (folder / "trace.json").write_text(journey.to_json() + "\n", encoding="utf-8")
+    atomic_write(folder / "trace.txt", journey.table() + "\n")
+    atomic_write(folder / "trace.json", journey.to_json() + "\n")
     files["trace"], files["trace json"] = folder / "trace.txt", folder / "trace.json"
     files["viewer"] = view(cap, tokens, folder / "viewer.html", target_tokens=target_tokens,
                            title=title).path  # fmt: skip

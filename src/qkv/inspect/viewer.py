@@ -33,15 +33,45 @@ from torch import Tensor, nn
 
 from qkv.inspect.adapters import key_side, query_side, run_model
 from qkv.inspect.capture import Captured
+from qkv.inspect.files import atomic_write
 from qkv.inspect.hookpoints import attention_layers, match_names
 from qkv.inspect.viewer_data import LayerSummary, choose_top_k
 from qkv.inspect.weights import check_heads, weight_blocks
 
-__all__ = ["View", "view"]
+__all__ = ["View", "script_json", "view"]
 
 # No request of any kind may leave the page: inline scripts and styles, data: images only.
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
        "img-src data:")  # fmt: skip
+
+
+def script_json(data: Any) -> str:
+    """``data`` as JSON that can sit verbatim inside ``<script type="application/json">``.
+
+    The page reads the element's ``textContent`` and gives it to ``JSON.parse`` without any
+    un-escaping, so the text must be valid JSON *and* must not change the HTML tokenizer's
+    state. Every way out of the script-data state starts with ``<`` (``</script``, or ``<!--``
+    then ``<script`` entering the double-escaped state), so ``<`` (and ``>``, ``&`` with it)
+    is written as a JSON escape ``\\u003c``; JSON puts those characters only inside strings,
+    where the escape decodes to the same character. ``ensure_ascii`` writes every other
+    non-ASCII character as an escape, U+2028 and U+2029 (line terminators in older JavaScript)
+    and lone surrogates included, so the payload is plain ASCII.
+
+    Raises:
+        ValueError: ``data`` holds NaN or infinity (not JSON; ``JSON.parse`` would refuse it).
+    """
+    try:
+        payload = json.dumps(data, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    except ValueError:
+        raise ValueError("the viewer's data hold NaN or infinity (did the model produce NaN "
+                         "attention weights?); JSON cannot carry them") from None
+    for char, escaped in _SCRIPT_ESCAPES:
+        payload = payload.replace(char, escaped)
+    return payload
+
+
+# The characters script_json writes as JSON escapes (each only ever inside a JSON string).
+_SCRIPT_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"))
 
 
 def _static(name: str) -> str:
@@ -63,9 +93,7 @@ class View:
     def fragment(self) -> str:
         """An HTML fragment (one ``div``) holding the viewer, with a fresh element id."""
         vid = f"qkv-view-{uuid.uuid4().hex[:12]}"
-        payload = json.dumps(self.data, separators=(",", ":"))
-        # Inside <script>, "</" could close the element early: escape it.
-        payload = payload.replace("</", "<\\/").replace("<!--", "<\\!--")
+        payload = script_json(self.data)
         return (
             f'<div class="qkv-viewer" id="{vid}">'
             f"<style>{_static('viewer.css')}</style>"
@@ -77,6 +105,8 @@ class View:
     def html(self) -> str:
         """A complete HTML document (UTF-8) that opens from disk."""
         title = html.escape(self.data.get("title") or "qkv attention viewer")
+        # A lone surrogate (possible in a Python str) has no UTF-8 form: write U+FFFD.
+        title = re.sub("[\ud800-\udfff]", "\ufffd", title)
         return (
             "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
@@ -84,12 +114,9 @@ class View:
         )
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write :meth:`html` to ``path`` (folders created); returns the path."""
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(self.html(), encoding="utf-8")
-        self.path = out
-        return out
+        """Write :meth:`html` to ``path`` atomically (folders created); returns the path."""
+        self.path = atomic_write(path, self.html())
+        return self.path
 
     def _repr_html_(self) -> str:
         return self.fragment()

@@ -164,6 +164,25 @@ class Seq2SeqTransformer(ModelBase):
         preallocate room for that many target tokens)."""
         return KVCache(self.config.num_decoder_layers, max_len=max_len)
 
+    def _device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def _check_memory(self, memory: object, B: int, device: torch.device) -> None:
+        """``memory`` is ``(B, S, E)`` in the parameters' dtype (or under autocast), on
+        ``device``; each error names ``memory`` and what it should be."""
+        c = self.config
+        if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.shape[2] != c.d_model:
+            got = tuple(memory.shape) if isinstance(memory, Tensor) else type(memory).__name__
+            raise ValueError(f"memory must have shape (B, S, E={c.d_model}), got {got}")
+        if memory.shape[0] != B:
+            raise ValueError(f"memory must have tgt_in's batch size B={B}, got memory of shape "
+                             f"{tuple(memory.shape)}")  # fmt: skip
+        _check_device("memory", memory, device)
+        dtype = self.lm_head.weight.dtype
+        if memory.dtype != dtype and not torch.is_autocast_enabled(device.type):
+            raise TypeError(f"memory must have the parameters' dtype {dtype} (the output of "
+                            f"encode), got {memory.dtype}")  # fmt: skip
+
     def make_src_mask(self, src: Tensor) -> Tensor | None:
         """Source padding keep mask ``(B, 1, 1, S)`` (True = real token) from ``pad_id``; None
         when ``pad_id`` is None."""
@@ -183,14 +202,16 @@ class Seq2SeqTransformer(ModelBase):
             memory ``(B, S, E)``.
 
         Raises:
-            TypeError, ValueError: bad ids (type, shape, range), a source beyond ``max_len``
-                with learned positions, a mask of the wrong type or shape.
+            TypeError, ValueError: bad ids (type, shape, range, device), a source beyond
+                ``max_len`` with learned positions, a mask of the wrong type, shape or device.
         """
         c = self.config
+        device = self._device()
+        _check_device("src", src, device)
         B, S = check_ids("src", src, c.src_vocab_size).shape
         if src_mask is None:
             src_mask = self.make_src_mask(src)
-        _check_mask("src_mask", src_mask, (B, c.num_heads, S, S))
+        _check_mask("src_mask", src_mask, (B, c.num_heads, S, S), device)
         check_length("src", S, 0, self.position_limit)
         x = self.drop(add_positions(self.src_pos, self.src_embed(src) * self.embed_scale))
         for block in self.encoder_blocks:
@@ -220,18 +241,19 @@ class Seq2SeqTransformer(ModelBase):
             ``(B, T, V_tgt)`` logits, equal to decoding the whole prefix at once.
 
         Raises:
-            TypeError, ValueError: bad ids, a memory that is not ``(B, S, E)``, a mask of the
-                wrong shape, a cache of another layer count, a target beyond ``max_len``
-                with learned positions.
+            TypeError, ValueError: bad ids, a memory that is not ``(B, S, E)`` with
+                ``tgt_in``'s ``B`` (in the parameters' dtype, on their device), a mask of the
+                wrong shape or device, a cache of another layer count, a target beyond
+                ``max_len`` with learned positions.
         """
         c = self.config
+        device = self._device()
+        _check_device("tgt_in", tgt_in, device)
         B, T = check_ids("tgt_in", tgt_in, c.tgt_vocab_size).shape
-        if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.shape[2] != c.d_model:
-            got = tuple(memory.shape) if isinstance(memory, Tensor) else type(memory).__name__
-            raise ValueError(f"memory must have shape (B, S, E={c.d_model}), got {got}")
+        self._check_memory(memory, B, device)
         cache = check_cache(cache, c.num_decoder_layers)
         offset = 0 if cache is None else cache.length
-        _check_mask("src_mask", src_mask, (B, c.num_heads, T, memory.shape[1]))
+        _check_mask("src_mask", src_mask, (B, c.num_heads, T, memory.shape[1]), device)
         check_length("tgt_in", T, offset, self.position_limit)
         y = self.tgt_embed(tgt_in) * self.embed_scale  # (B, T, E)
         y = self.drop(add_positions(self.tgt_pos, y, offset=offset))
@@ -255,19 +277,39 @@ class Seq2SeqTransformer(ModelBase):
             ``(B, T, V_tgt)`` logits.
 
         Raises:
-            TypeError, ValueError: as :meth:`encode` and :meth:`decode`.
+            TypeError, ValueError: as :meth:`encode` and :meth:`decode`, and ``src`` and
+                ``tgt_in`` of different batch sizes.
         """
-        check_ids("src", src, self.config.src_vocab_size)
+        device = self._device()
+        _check_device("src", src, device)
+        _check_device("tgt_in", tgt_in, device)
+        B = check_ids("src", src, self.config.src_vocab_size).shape[0]
+        B_tgt = check_ids("tgt_in", tgt_in, self.config.tgt_vocab_size).shape[0]
+        if B != B_tgt:
+            raise ValueError(
+                f"src and tgt_in must have the same batch size B, got src {tuple(src.shape)} "
+                f"and tgt_in {tuple(tgt_in.shape)}"
+            )
         src_mask = self.make_src_mask(src)
         return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
 
 
-def _check_mask(name: str, mask: object, scores: tuple[int, int, int, int]) -> None:
-    """None, or a bool/float tensor broadcastable to the attention scores ``(B, H, T, S)``."""
+def _check_device(name: str, x: object, device: torch.device) -> None:
+    """A tensor ``x`` on the model's ``device`` (anything else is left to the other checks)."""
+    if isinstance(x, Tensor) and x.device != device:
+        raise ValueError(f"{name} must be on the model's device {device}, got {x.device}")
+
+
+def _check_mask(
+    name: str, mask: object, scores: tuple[int, int, int, int], device: torch.device
+) -> None:
+    """None, or a bool/float tensor on ``device`` broadcastable to the attention scores
+    ``(B, H, T, S)``."""
     if mask is None:
         return
     if not isinstance(mask, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
+    _check_device(name, mask, device)
     if mask.dtype != torch.bool and not mask.is_floating_point():
         raise TypeError(
             f"{name} must be a boolean keep mask (True = may attend) or a float mask, "

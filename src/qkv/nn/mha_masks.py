@@ -20,14 +20,34 @@ from torch import Tensor
 from qkv.attention.masks import combine, from_mha
 from qkv.nn.errors import DropInArgumentError, DropInTypeError
 
-__all__ = ["append_visible", "check_masks", "merge", "resolve_causal"]
+__all__ = [
+    "append_visible",
+    "check_mask",
+    "check_mask_type",
+    "check_masks",
+    "check_types",
+    "merge",
+    "resolve_causal",
+]
 
 
 def _shape(t: Tensor) -> tuple[int, ...]:
     return tuple(t.shape)
 
 
-def _check_dtype(name: str, mask: object) -> Tensor:
+def check_mask_type(name: str, mask: object, device: torch.device | None = None) -> None:
+    """``mask`` is None or a bool or floating tensor (on ``device`` when given).
+
+    torch refuses other dtypes with ``AssertionError: only bool and floating types of <name>
+    are supported`` (or, for some arguments, fails deep inside ``torch.full``); qkv raises
+    :class:`~qkv.nn.errors.DropInTypeError` (an AssertionError too) naming the argument.
+
+    Raises:
+        TypeError: not a tensor, or a dtype that is neither bool nor floating.
+        ValueError: a tensor on another device than the inputs.
+    """
+    if mask is None:
+        return
     if not isinstance(mask, Tensor):
         raise DropInTypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
     if mask.dtype != torch.bool and not mask.is_floating_point():
@@ -35,7 +55,63 @@ def _check_dtype(name: str, mask: object) -> Tensor:
             f"{name} must be boolean (True = ignore, torch's MultiheadAttention polarity) or "
             f"floating point (added to the scores), got dtype {mask.dtype}"
         )
-    return mask
+    if device is not None and mask.device != device:
+        raise DropInArgumentError(
+            f"{name} must be on the inputs' device {device}, got a mask on {mask.device}"
+        )
+
+
+def check_types(inputs: dict[str, object], masks: dict[str, object]) -> None:
+    """Tensors for ``inputs``; None or bool/float tensors on the first input's device for
+    ``masks`` (the check of a stack of custom layers, whose shapes qkv cannot know).
+
+    Raises:
+        TypeError, ValueError: as :func:`check_mask_type`, naming the argument.
+    """
+    for name, x in inputs.items():
+        if not isinstance(x, Tensor):
+            raise DropInTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    device = next(iter(inputs.values())).device  # type: ignore[union-attr]
+    for name, mask in masks.items():
+        check_mask_type(name, mask, device)
+
+
+def check_mask(
+    name: str, mask: Tensor | None, *, kind: str, batched: bool, N: int, H: int, T: int,
+    S: int, device: torch.device | None = None,
+) -> None:  # fmt: skip
+    """Check one mask's type, dtype, device and shape as the caller gave it.
+
+    Args:
+        name: the caller's argument name (``src_mask``, ``memory_key_padding_mask``, ...).
+        mask: None, or a bool/float tensor.
+        kind: ``"padding"`` (expected ``(N, S)``, ``(S,)`` unbatched) or ``"attn"``
+            (expected ``(T, S)`` or ``(N·H, T, S)``, ``(H, T, S)`` unbatched).
+        batched: whether the inputs are 3-D.
+        N, H, T, S: batch size, query heads, query length, key length.
+        device: the inputs' device (None: not checked).
+
+    Raises:
+        TypeError: as :func:`check_mask_type`.
+        ValueError: a shape that is not one of the expected ones, another device.
+    """
+    if mask is None:
+        return
+    check_mask_type(name, mask, device)
+    if kind == "padding":
+        want = (N, S) if batched else (S,)
+        if _shape(mask) != want:
+            layout = "(N, S)" if batched else "(S,) for unbatched inputs"
+            raise DropInArgumentError(f"{name} must have shape {layout} = {want}, got "
+                                      f"{_shape(mask)}")  # fmt: skip
+        return
+    wants = [(T, S), (N * H, T, S)] if batched else [(T, S), (H, T, S)]
+    if _shape(mask) not in wants:
+        layout = "(N·H, T, S)" if batched else "(H, T, S)"
+        raise DropInArgumentError(
+            f"{name} must have shape (T, S) = {wants[0]} or {layout} = {wants[1]}, got "
+            f"{_shape(mask)}"
+        )
 
 
 def check_masks(
@@ -47,37 +123,25 @@ def check_masks(
     H: int,
     T: int,
     S: int,
+    device: torch.device | None = None,
 ) -> None:
-    """Check dtypes and shapes of the masks as the caller gave them (before unsqueezing).
+    """Check dtypes, devices and shapes of the masks as the caller gave them (before
+    unsqueezing); :func:`check_mask` under ``MultiheadAttention``'s argument names.
 
     Args:
         key_padding_mask: expected ``(N, S)`` for batched inputs, ``(S,)`` unbatched.
         attn_mask: expected ``(T, S)`` or ``(N·H, T, S)`` (``(H, T, S)`` unbatched).
         batched: whether the query was 3-D.
         N, H, T, S: batch size, query heads, query length, key length.
+        device: the inputs' device (None: not checked).
 
     Raises:
         TypeError: a mask that is neither bool nor float.
-        ValueError: a mask whose shape is not one of the expected ones.
+        ValueError: a mask whose shape is not one of the expected ones, or on another device.
     """
-    if key_padding_mask is not None:
-        _check_dtype("key_padding_mask", key_padding_mask)
-        want = (N, S) if batched else (S,)
-        if _shape(key_padding_mask) != want:
-            layout = "(N, S)" if batched else "(S,) for unbatched inputs"
-            raise DropInArgumentError(
-                f"key_padding_mask must have shape {layout} = {want}, got "
-                f"{_shape(key_padding_mask)}"
-            )
-    if attn_mask is not None:
-        _check_dtype("attn_mask", attn_mask)
-        wants = [(T, S), (N * H, T, S)] if batched else [(T, S), (H, T, S)]
-        if _shape(attn_mask) not in wants:
-            layout = "(N·H, T, S)" if batched else "(H, T, S)"
-            raise DropInArgumentError(
-                f"attn_mask must have shape (T, S) = {wants[0]} or {layout} = {wants[1]}, got "
-                f"{_shape(attn_mask)}"
-            )
+    dims = {"batched": batched, "N": N, "H": H, "T": T, "S": S, "device": device}
+    check_mask("key_padding_mask", key_padding_mask, kind="padding", **dims)
+    check_mask("attn_mask", attn_mask, kind="attn", **dims)
 
 
 def resolve_causal(

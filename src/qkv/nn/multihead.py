@@ -186,14 +186,16 @@ class MultiheadAttention(AttentionCore):
             TypeError: non-tensor inputs, mixed dtypes, masks neither bool nor float.
             ValueError: ranks, widths, lengths, batch sizes or mask shapes that do not fit
                 (the message names the argument, the shape received and the one expected),
-                or ``is_causal=True`` without ``attn_mask``.
+                masks on another device than ``query``, or ``is_causal=True`` without
+                ``attn_mask``.
         """
         batched = self._check_inputs(query, key, value)
         self_attention = query is key and key is value
         # 1) Bring every input to (N, T, E) and a padding mask to (N, S).
         query, key, value = (self._batch_first(x, batched) for x in (query, key, value))
         (N, T, E), S, H = query.shape, key.shape[1], self.num_heads
-        mha_masks.check_masks(key_padding_mask, attn_mask, batched=batched, N=N, H=H, T=T, S=S)
+        mha_masks.check_masks(key_padding_mask, attn_mask, batched=batched, N=N, H=H, T=T, S=S,
+                              device=query.device)  # fmt: skip
         if key_padding_mask is not None and not batched:
             key_padding_mask = key_padding_mask[None]  # (1, S)
         attn_mask, is_causal = mha_masks.resolve_causal(
@@ -239,6 +241,11 @@ class MultiheadAttention(AttentionCore):
             raise DropInArgumentError(
                 f"query must be 3-D {layout} or 2-D (T, E) unbatched, got shape "
                 f"{tuple(query.shape)}"
+            )
+        if not (key.device == value.device == query.device):
+            raise DropInArgumentError(
+                f"query, key and value must be on one device, got query on {query.device}, "
+                f"key on {key.device}, value on {value.device}"
             )
         if not (key.dim() == value.dim() == query.dim()):
             raise DropInArgumentError(

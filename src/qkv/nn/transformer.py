@@ -26,10 +26,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.nn.mha_masks import check_types
 from qkv.nn.transformer_layers import (
     Activation,
     TransformerDecoderLayer,
     TransformerEncoderLayer,
+    check_decoder_masks,
+    check_encoder_masks,
+    check_src_tgt,
 )
 
 __all__ = [
@@ -72,6 +76,13 @@ def _is_causal_mask(mask: Tensor | None, is_causal: bool | None) -> bool:
         return torch.equal(mask, above)
     causal = generate_square_subsequent_mask(len(mask), mask.device, mask.dtype)  # (L, L)
     return torch.equal(mask, causal)
+
+
+def _first_layer(stack: nn.Module, cls: type) -> nn.Module | None:
+    """The first layer of ``stack`` when it is a qkv stack of qkv ``cls`` layers (whose
+    heads and layout are known, so masks can be checked before running), else None."""
+    ours = isinstance(stack, (TransformerEncoder, TransformerDecoder)) and len(stack.layers)
+    return stack.layers[0] if ours and isinstance(stack.layers[0], cls) else None
 
 
 def _clones(layer: nn.Module, num_layers: int) -> nn.ModuleList:
@@ -235,7 +246,20 @@ class TransformerEncoder(nn.Module):
         Returns:
             Same shape as ``src``; zero at padded positions (before ``norm``) where torch's
             nested path would run (see the class docstring).
+
+        Raises:
+            TypeError, ValueError: as :func:`~qkv.nn.transformer_layers.check_encoder_masks`
+                (a ``mask`` of an integer dtype included), named ``mask`` and
+                ``src_key_padding_mask``.
         """
+        # 0) the arguments, named as this method names them, before anything reads them
+        first = _first_layer(self, TransformerEncoderLayer)
+        if first is not None:
+            check_encoder_masks(first, src, mask, src_key_padding_mask,
+                                names=("mask", "src_key_padding_mask"))  # fmt: skip
+        else:
+            check_types({"src": src}, {"mask": mask,
+                                        "src_key_padding_mask": src_key_padding_mask})
         keep = None  # (N, S): the positions the nested path keeps, when torch would take it
         if not self.why_not_nested(src, mask, src_key_padding_mask):
             # 1) torch keeps the first L_n positions of each sequence, L_n = real positions.
@@ -294,7 +318,19 @@ class TransformerDecoder(nn.Module):
 
         Returns:
             Same shape as ``tgt``.
+
+        Raises:
+            TypeError, ValueError: as :func:`~qkv.nn.transformer_layers.check_decoder_masks`
+                (a ``tgt_mask`` of an integer dtype included).
         """
+        masks = {"tgt_mask": tgt_mask, "memory_mask": memory_mask,
+                 "tgt_key_padding_mask": tgt_key_padding_mask,
+                 "memory_key_padding_mask": memory_key_padding_mask}  # fmt: skip
+        first = _first_layer(self, TransformerDecoderLayer)
+        if first is not None:
+            check_decoder_masks(first, tgt, memory, masks)
+        else:
+            check_types({"tgt": tgt, "memory": memory}, masks)
         tgt_is_causal = _is_causal_mask(tgt_mask, tgt_is_causal)
         out = tgt
         for layer in self.layers:
@@ -392,20 +428,21 @@ class Transformer(nn.Module):
             ``(T, N, E)``, ``(N, T, E)`` or ``(T, E)``, like ``tgt``.
 
         Raises:
-            ValueError: ``src`` and ``tgt`` with different batch sizes, or a last dimension
-                other than ``d_model``; and the errors of the layers.
+            TypeError: non-tensor inputs; masks that are neither bool nor floating (torch
+                refuses them too, some only deep inside ``torch.full``).
+            ValueError: ``src`` and ``tgt`` of different ranks, batch sizes or devices, a
+                last dimension other than ``d_model``, masks of the wrong shape or device
+                (each message names this method's argument); and the errors of the layers.
         """
-        batch_dim = 0 if self.batch_first else 1
-        if src.dim() == 3 and src.shape[batch_dim] != tgt.shape[batch_dim]:
-            raise ValueError(
-                f"src and tgt must have the same batch size (dimension {batch_dim}), got src "
-                f"{tuple(src.shape)} and tgt {tuple(tgt.shape)}"
-            )
-        if src.shape[-1] != self.d_model or tgt.shape[-1] != self.d_model:
-            raise ValueError(
-                f"src and tgt must have last dimension d_model={self.d_model}, got src "
-                f"{tuple(src.shape)} and tgt {tuple(tgt.shape)}"
-            )
+        # 1) inputs: tensors of one rank, one batch size, width d_model, on one device
+        check_src_tgt(src, tgt, batch_first=self.batch_first, d_model=self.d_model)
+        # 2) masks, under this method's names (the stacks would name them mask, ...)
+        self._check_masks(src, tgt, {
+            "src_mask": src_mask, "src_key_padding_mask": src_key_padding_mask,
+            "tgt_mask": tgt_mask, "memory_mask": memory_mask,
+            "tgt_key_padding_mask": tgt_key_padding_mask,
+            "memory_key_padding_mask": memory_key_padding_mask,
+        })  # fmt: skip
         memory = self.encoder(
             src, mask=src_mask, src_key_padding_mask=src_key_padding_mask,
             is_causal=src_is_causal,
@@ -416,6 +453,21 @@ class Transformer(nn.Module):
             memory_key_padding_mask=memory_key_padding_mask,
             tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal,
         )
+
+    def _check_masks(self, src: Tensor, tgt: Tensor, masks: dict[str, Tensor | None]) -> None:
+        """Check every mask under :meth:`forward`'s names: shapes too where the stacks are
+        qkv's (the memory then has ``src``'s shape), else types, dtypes and devices."""
+        enc = _first_layer(self.encoder, TransformerEncoderLayer)
+        dec = _first_layer(self.decoder, TransformerDecoderLayer)
+        names = list(masks)
+        if enc is not None:
+            check_encoder_masks(enc, src, masks["src_mask"], masks["src_key_padding_mask"],
+                                names=("src_mask", "src_key_padding_mask"))  # fmt: skip
+            names = names[2:]
+        if dec is not None and enc is not None:
+            check_decoder_masks(dec, tgt, src, {n: masks[n] for n in names})
+            names = []
+        check_types({"src": src}, {n: masks[n] for n in names})
 
     @staticmethod
     def generate_square_subsequent_mask(

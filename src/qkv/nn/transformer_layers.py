@@ -25,9 +25,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.nn.errors import DropInArgumentError, DropInTypeError
+from qkv.nn.mha_masks import check_mask, check_types
 from qkv.nn.multihead import MultiheadAttention
 
-__all__ = ["TransformerDecoderLayer", "TransformerEncoderLayer"]
+__all__ = [
+    "TransformerDecoderLayer",
+    "TransformerEncoderLayer",
+    "check_decoder_masks",
+    "check_encoder_masks",
+    "check_src_tgt",
+]
 
 Activation = str | Callable[[Tensor], Tensor]
 
@@ -49,12 +57,98 @@ def _activation(activation: Activation) -> Callable[[Tensor], Tensor]:
 
 def _check_width(name: str, x: object, d_model: int) -> None:
     if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        raise DropInTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() not in (2, 3) or x.shape[-1] != d_model:
-        raise ValueError(
+        raise DropInArgumentError(
             f"{name} must be (L, N, E), (N, L, E) or unbatched (L, E) with E = d_model = "
             f"{d_model}, got shape {tuple(x.shape)}"
         )
+
+
+def _dims(x: Tensor, batch_first: bool) -> tuple[bool, int, int]:
+    """``(batched, N, L)`` of a ``(L, N, E)``, ``(N, L, E)`` or unbatched ``(L, E)`` input."""
+    if x.dim() == 2:
+        return False, 1, x.shape[0]
+    N, L = (x.shape[0], x.shape[1]) if batch_first else (x.shape[1], x.shape[0])
+    return True, N, L
+
+
+def check_src_tgt(src: object, tgt: object, *, batch_first: bool, d_model: int) -> None:
+    """``Transformer.forward``'s inputs: tensors of one rank (2 or 3), one batch size, last
+    dimension ``d_model``, on one device.
+
+    Raises:
+        TypeError: a non-tensor; ValueError: anything else that does not fit (both shapes
+            in the message).
+    """
+    check_types({"src": src, "tgt": tgt}, {})
+    assert isinstance(src, Tensor) and isinstance(tgt, Tensor)
+    got = f"got src {tuple(src.shape)} and tgt {tuple(tgt.shape)}"
+    batch_dim = 0 if batch_first else 1
+    if src.dim() != tgt.dim() or src.dim() not in (2, 3):
+        raise DropInArgumentError(f"src and tgt must both be batched (3-D) or both unbatched "
+                                  f"(2-D), {got}")  # fmt: skip
+    if src.dim() == 3 and src.shape[batch_dim] != tgt.shape[batch_dim]:
+        raise DropInArgumentError(f"src and tgt must have the same batch size (dimension "
+                                  f"{batch_dim}), {got}")  # fmt: skip
+    if src.shape[-1] != d_model or tgt.shape[-1] != d_model:
+        raise DropInArgumentError(f"src and tgt must have last dimension d_model={d_model}, "
+                                  f"{got}")  # fmt: skip
+    if src.device != tgt.device:
+        raise DropInArgumentError(f"src and tgt must be on one device, got src on "
+                                  f"{src.device} and tgt on {tgt.device}")  # fmt: skip
+
+
+def check_encoder_masks(
+    layer: TransformerEncoderLayer, src: Tensor, mask: Tensor | None,
+    src_key_padding_mask: Tensor | None, *, names: tuple[str, str] = ("src_mask",
+                                                                       "src_key_padding_mask"),
+) -> None:  # fmt: skip
+    """Check an encoder's ``src`` and masks under the caller's argument names.
+
+    Raises:
+        TypeError, ValueError: a ``src`` that is not ``(S, N, E)``/``(N, S, E)``/``(S, E)``
+            with ``E = d_model``; a mask that is not bool/float, not on ``src``'s device, or
+            not ``(S, S)``/``(N·H, S, S)`` (``mask``) or ``(N, S)`` (padding).
+    """
+    attn = layer.self_attn
+    _check_width("src", src, attn.embed_dim)
+    batched, N, S = _dims(src, attn.batch_first)
+    dims = {"batched": batched, "N": N, "H": attn.num_heads, "T": S, "S": S,
+            "device": src.device}  # fmt: skip
+    check_mask(names[0], mask, kind="attn", **dims)
+    check_mask(names[1], src_key_padding_mask, kind="padding", **dims)
+
+
+def check_decoder_masks(
+    layer: TransformerDecoderLayer, tgt: Tensor, memory: Tensor,
+    masks: dict[str, Tensor | None],
+) -> None:  # fmt: skip
+    """Check a decoder's ``tgt``, ``memory`` and masks; ``masks`` maps each of the caller's
+    argument names to its mask, in the order ``tgt_mask``, ``memory_mask``,
+    ``tgt_key_padding_mask``, ``memory_key_padding_mask``.
+
+    Raises:
+        TypeError, ValueError: inputs that are not tensors of width ``d_model``, ``tgt`` and
+            ``memory`` of different ranks, batch sizes or devices; masks as
+            :func:`check_encoder_masks` (``tgt_mask (T, T)``, ``memory_mask (T, S)``,
+            paddings ``(N, T)`` and ``(N, S)``).
+    """
+    attn = layer.self_attn
+    _check_width("tgt", tgt, attn.embed_dim)
+    _check_width("memory", memory, attn.embed_dim)
+    batched, N, T = _dims(tgt, attn.batch_first)
+    batched_m, N_m, S = _dims(memory, attn.batch_first)
+    if batched != batched_m or N != N_m or tgt.device != memory.device:
+        raise DropInArgumentError(
+            f"tgt and memory must have the same batch size N (or both be unbatched) and one "
+            f"device, got tgt {tuple(tgt.shape)} on {tgt.device} and memory "
+            f"{tuple(memory.shape)} on {memory.device}"
+        )
+    dims = {"batched": batched, "N": N, "H": attn.num_heads, "device": tgt.device}
+    sizes = [("attn", T, T), ("attn", T, S), ("padding", T, T), ("padding", T, S)]
+    for (name, mask), (kind, q, k) in zip(masks.items(), sizes, strict=True):
+        check_mask(name, mask, kind=kind, T=q, S=k, **dims)
 
 
 def _residual(
@@ -152,9 +246,10 @@ class TransformerEncoderLayer(nn.Module):
 
         Raises:
             TypeError, ValueError: as :meth:`MultiheadAttention.forward`, and a ``src`` whose
-                last dimension is not ``d_model``.
+                last dimension is not ``d_model``; mask errors name this method's arguments
+                (:func:`check_encoder_masks`).
         """
-        _check_width("src", src, self.self_attn.embed_dim)
+        check_encoder_masks(self, src, src_mask, src_key_padding_mask)
 
         def self_attention(x: Tensor) -> Tensor:
             out = self.self_attn(
@@ -238,11 +333,15 @@ class TransformerDecoderLayer(nn.Module):
             Same shape as ``tgt``.
 
         Raises:
-            TypeError, ValueError: as :meth:`MultiheadAttention.forward`, and inputs whose last
-                dimension is not ``d_model``.
+            TypeError, ValueError: as :meth:`MultiheadAttention.forward`, inputs whose last
+                dimension is not ``d_model``, ``tgt`` and ``memory`` of different batch sizes;
+                mask errors name this method's arguments (:func:`check_decoder_masks`).
         """
-        _check_width("tgt", tgt, self.self_attn.embed_dim)
-        _check_width("memory", memory, self.self_attn.embed_dim)
+        check_decoder_masks(self, tgt, memory, {
+            "tgt_mask": tgt_mask, "memory_mask": memory_mask,
+            "tgt_key_padding_mask": tgt_key_padding_mask,
+            "memory_key_padding_mask": memory_key_padding_mask,
+        })  # fmt: skip
 
         def self_attention(x: Tensor) -> Tensor:
             out = self.self_attn(

@@ -14,6 +14,10 @@ attention backends, ``qkv.inspect``, ``qkv.generate``) works on it.
 
 Shapes: ``N`` texts, ``B`` batch, ``T`` / ``S`` tokens, ``E`` model width, ``V`` vocabulary.
 
+A file that cannot be used (truncated, corrupt, a config its tensors do not back, non-finite
+weights, a pickle holding code) raises :class:`BadFileError` (a ``ValueError``) naming it;
+a missing one :class:`MissingFileError` (also a ``FileNotFoundError``).
+
 Module map: :mod:`~qkv.pretrained.registry` (``load``, packaged names),
 :mod:`~qkv.pretrained.bundle` (what ``load`` returns), :mod:`~qkv.pretrained.tokenizer` and
 :mod:`~qkv.pretrained.tokenizer_gguf` (tokenizers), :mod:`~qkv.pretrained.chat` (chat
@@ -30,14 +34,17 @@ from typing import Any
 
 from torch import Tensor
 
+from qkv.data.files import BadFileError, MissingFileError
 from qkv.pretrained.bundle import DecoderBundle, EncoderBundle, cosine_table
 from qkv.pretrained.registry import PACKAGED, known_names, load, locate
 from qkv.pretrained.tokenizer import PretrainedTokenizer
 
 __all__ = [
     "PACKAGED",
+    "BadFileError",
     "DecoderBundle",
     "EncoderBundle",
+    "MissingFileError",
     "PretrainedTokenizer",
     "cosine_table",
     "embed",

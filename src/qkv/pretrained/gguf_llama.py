@@ -22,12 +22,15 @@ import os
 
 from torch import Tensor
 
+from qkv.checkpoint.backing import check_derived_buffers, check_sizes, meta_model
+from qkv.checks import positive_int
+from qkv.data.files import BadFileError, reading
 from qkv.models import DecoderLM, DecoderLMConfig
 from qkv.pretrained.gguf_reader import GGUFFile, read_gguf
 from qkv.pretrained.hf_llama import llama_entries
 from qkv.pretrained.tokenizer import PretrainedTokenizer
 from qkv.pretrained.tokenizer_gguf import tokenizer_from_gguf
-from qkv.pretrained.weights import load_entries, skip_init
+from qkv.pretrained.weights import check_entries, load_entries, skip_init
 
 __all__ = ["GGUF_LLAMA_NAMES", "gguf_llama_config", "load_gguf_llama", "unpermute_rows"]
 
@@ -67,51 +70,59 @@ def gguf_llama_config(gguf: GGUFFile) -> DecoderLMConfig:
     """A Llama-style :class:`DecoderLMConfig` from GGUF metadata.
 
     Raises:
-        ValueError: an architecture other than ``llama``, missing keys, or partial rotary
-            dimensions (``llama.rope.dimension_count`` different from the head width).
+        qkv.data.files.BadFileError (a ValueError): an architecture other than ``llama``,
+            missing keys, values of the wrong type, or partial rotary dimensions
+            (``llama.rope.dimension_count`` different from the head width).
     """
     arch = gguf.get("general.architecture")
     if arch != "llama":
-        raise ValueError(
-            f"GGUF file {gguf.path} has general.architecture={arch!r}; qkv reads 'llama' only"
+        raise BadFileError(
+            f"GGUF file {gguf.path} has general.architecture={arch!r}; qkv reads 'llama' only",
+            path=gguf.path,
         )
-    E = gguf.require("llama.embedding_length")
-    H = gguf.require("llama.attention.head_count")
-    Hkv = gguf.get("llama.attention.head_count_kv", H)
-    D = gguf.get("llama.attention.key_length", E // H)
-    rot = gguf.get("llama.rope.dimension_count", D)
-    if rot != D:
-        raise ValueError(
-            f"GGUF file {gguf.path}: llama.rope.dimension_count={rot} differs from the head "
-            f"width {D}; partial rotary embeddings are not supported"
+    with reading(gguf.path, "Llama metadata qkv can build a model from"):
+        E = gguf.require("llama.embedding_length")
+        H = positive_int("llama.attention.head_count", gguf.require("llama.attention.head_count"))
+        Hkv = gguf.get("llama.attention.head_count_kv", H)
+        D = gguf.get("llama.attention.key_length", E // H)
+        rot = gguf.get("llama.rope.dimension_count", D)
+        if rot != D:
+            raise BadFileError(
+                f"GGUF file {gguf.path}: llama.rope.dimension_count={rot} differs from the head "
+                f"width {D}; partial rotary embeddings are not supported",
+                path=gguf.path,
+            )
+        vocab = gguf.get("llama.vocab_size") or len(gguf.require("tokenizer.ggml.tokens"))
+        tied = GGUF_LLAMA_NAMES["lm_head"] not in gguf.shapes
+        return DecoderLMConfig.llama_style(
+            vocab,
+            d_model=E,
+            num_layers=gguf.require("llama.block_count"),
+            num_heads=H,
+            num_kv_heads=Hkv,
+            d_head=None if D == E // H else D,
+            d_ff=gguf.require("llama.feed_forward_length"),
+            max_len=gguf.get("llama.context_length", 2048),
+            # The file stores float32; its exact value (9.99999974738e-06 for 1e-5) is what
+            # llama.cpp and transformers use, so it is kept as read.
+            norm_eps=float(gguf.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_base=float(gguf.get("llama.rope.freq_base", 10000.0)),
+            tie_embeddings=tied,
+            bos_id=gguf.get("tokenizer.ggml.bos_token_id"),
+            eos_id=gguf.get("tokenizer.ggml.eos_token_id"),
+            pad_id=gguf.get("tokenizer.ggml.padding_token_id"),
+            dropout=0.0,
         )
-    vocab = gguf.get("llama.vocab_size") or len(gguf.require("tokenizer.ggml.tokens"))
-    tied = GGUF_LLAMA_NAMES["lm_head"] not in gguf.tensors
-    return DecoderLMConfig.llama_style(
-        vocab,
-        d_model=E,
-        num_layers=gguf.require("llama.block_count"),
-        num_heads=H,
-        num_kv_heads=Hkv,
-        d_head=None if D == E // H else D,
-        d_ff=gguf.require("llama.feed_forward_length"),
-        max_len=gguf.get("llama.context_length", 2048),
-        # The file stores float32; its exact value (9.99999974738e-06 for 1e-5) is what
-        # llama.cpp and transformers use, so it is kept as read.
-        norm_eps=float(gguf.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_base=float(gguf.get("llama.rope.freq_base", 10000.0)),
-        tie_embeddings=tied,
-        bos_id=gguf.get("tokenizer.ggml.bos_token_id"),
-        eos_id=gguf.get("tokenizer.ggml.eos_token_id"),
-        pad_id=gguf.get("tokenizer.ggml.padding_token_id"),
-        dropout=0.0,
-    )
 
 
 def load_gguf_llama(
     path: str | os.PathLike,
 ) -> tuple[DecoderLM, PretrainedTokenizer, GGUFFile]:
     """Read a Llama-family GGUF file into a float32 model in eval mode and its tokenizer.
+
+    The metadata is checked against the tensor shapes of the file's header before the model is
+    built (see :mod:`qkv.checkpoint.backing`); the tensors are read and dequantised last, each
+    checked finite.
 
     Args:
         path: the ``.gguf`` file.
@@ -121,22 +132,32 @@ def load_gguf_llama(
         free memory).
 
     Raises:
-        FileNotFoundError: no such file.
-        ValueError: not a Llama GGUF, unsupported tokenizer, or missing, unexpected or
-            misshaped tensors (named).
+        qkv.data.files.MissingFileError (a FileNotFoundError): no such file.
+        qkv.data.files.BadFileError (a ValueError): not a Llama GGUF, an unsupported
+            tokenizer, sizes the tensors do not back, or missing, unexpected, misshaped or
+            non-finite tensors (named); every message names the file.
         ImportError: ``gguf`` or ``tokenizers`` missing (with the install command).
     """
-    gguf = read_gguf(path)
+    gguf = read_gguf(path, tensors=False)
     config = gguf_llama_config(gguf)
+    # 1) sizes bounded by the header, 2) names and shapes, 3) computed buffers: all before the
+    # model is built
+    check_sizes(config, tensors=len(gguf.shapes), numel=gguf.numel, config_file=gguf.path,
+                data_file=gguf.path)  # fmt: skip
     H, Hkv = config.num_heads, config.num_kv_heads or config.num_heads
     entries = llama_entries(
         config, GGUF_LLAMA_NAMES,
         q_transform=lambda w: unpermute_rows(w, H),
         k_transform=lambda w: unpermute_rows(w, Hkv),
     )
+    check_entries(gguf.shapes, entries, where=gguf.path,
+                  origin="the model the file's metadata describes")  # fmt: skip
+    check_derived_buffers(meta_model(lambda: DecoderLM(config)),
+                          file_bytes=gguf.path.stat().st_size, config_file=gguf.path)
+    tokenizer = tokenizer_from_gguf(gguf)  # metadata only: cheap, so before the tensors
     with skip_init():
         model = DecoderLM(config)
-    load_entries(model, gguf.tensors, entries, where=str(gguf.path))
+    load_entries(model, gguf.read_tensors(), entries, where=gguf.path)
     gguf.tensors.clear()
-    tokenizer = tokenizer_from_gguf(gguf)
+    gguf.close()
     return model.eval(), tokenizer, gguf

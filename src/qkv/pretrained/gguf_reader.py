@@ -9,10 +9,15 @@ with ``gguf.quants.dequantize``, the package's reference implementation of llama
 Shapes: GGUF lists dimensions fastest-first (``ne[0]`` is the row length), the reverse of
 NumPy/torch order; :func:`read_gguf` returns tensors in torch order, so a linear layer's weight
 is ``(out_features, in_features)`` as in ``nn.Linear``.
+
+The header (metadata and tensor shapes) is read first and the data only on request, so a
+loader can check the metadata's sizes against the shapes before it builds a model; every
+dequantised tensor is checked finite (a block whose scale is NaN is a corrupt file, named).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from qkv.checkpoint.tensor_file import check_finite
+from qkv.data.files import BadFileError, MissingFileError, library_error, reading
 from qkv.pretrained.errors import require
 
 __all__ = ["GGUFFile", "read_gguf"]
@@ -35,14 +42,17 @@ class GGUFFile:
         path: the file read.
         metadata: every key/value: strings, ints, floats, bools, and lists of those.
         tensors: name -> float32 tensor in torch order (e.g. ``blk.0.attn_q.weight``
-            ``(H·D, E)``).
+            ``(H·D, E)``); empty until :meth:`read_tensors` (or ``read_gguf(tensors=True)``).
         tensor_types: name -> the stored type (``"Q4_1"``, ``"F32"``, ...), for reports.
+        shapes: name -> shape in torch order, from the header (known before any data is read).
     """
 
     path: Path
     metadata: dict[str, Any]
     tensors: dict[str, Tensor] = field(default_factory=dict)
     tensor_types: dict[str, str] = field(default_factory=dict)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    _reader: Any = field(default=None, repr=False)
 
     def get(self, key: str, default: Any = None) -> Any:
         """A metadata value, or ``default`` when the key is absent."""
@@ -52,11 +62,57 @@ class GGUFFile:
         """A metadata value that must be present.
 
         Raises:
-            ValueError: the key is missing (naming it and the file).
+            qkv.data.files.BadFileError (a ValueError): the key is missing (naming it and the
+                file).
         """
         if key not in self.metadata:
-            raise ValueError(f"GGUF file {self.path} has no metadata key {key!r}")
+            raise BadFileError(f"GGUF file {self.path} has no metadata key {key!r}",
+                               path=self.path)  # fmt: skip
         return self.metadata[key]
+
+    @property
+    def numel(self) -> int:
+        """Number of values the tensors hold (after dequantisation), from the header."""
+        return sum(math.prod(shape) for shape in self.shapes.values())
+
+    def close(self) -> None:
+        """Drop the reader (and its memory map of the file); the metadata stays."""
+        self._reader = None
+
+    def read_tensors(self) -> dict[str, Tensor]:
+        """Dequantise every tensor to float32 (into :attr:`tensors`), each checked finite.
+
+        Raises:
+            qkv.data.files.BadFileError (a ValueError): a tensor type the installed ``gguf``
+                package cannot dequantise, data that does not fit its shape, or a tensor with
+                NaN or infinite values (a block with a NaN scale), each named.
+        """
+        if self._reader is None:
+            raise ValueError(f"{self.path}: the reader is closed; call read_gguf again")
+        from gguf.quants import dequantize
+
+        for t in self._reader.tensors:
+            kind = t.tensor_type.name
+            try:
+                # A NaN or infinite block scale makes numpy warn; check_finite below names it.
+                with np.errstate(all="ignore"):
+                    array = dequantize(t.data, t.tensor_type)
+            except NotImplementedError as err:
+                raise BadFileError(
+                    f"GGUF tensor {t.name!r} in {self.path} has type {kind}, which the "
+                    f"installed gguf package cannot dequantise: {err}",
+                    path=self.path,
+                ) from err
+            with reading(self.path, f"GGUF tensor {t.name!r} of type {kind} and shape "
+                         f"{self.shapes[t.name]}"):  # fmt: skip
+                array = np.asarray(array, dtype=np.float32).reshape(self.shapes[t.name])
+            # F32 tensors come back as read-only views of the memory-mapped file: copy those.
+            if not array.flags.writeable:
+                array = array.copy()
+            tensor = torch.from_numpy(array)
+            check_finite(t.name, tensor, self.path, what=f"GGUF tensor ({kind})")
+            self.tensors[t.name] = tensor
+        return self.tensors
 
 
 def _decode_field(field: Any, gguf: Any) -> Any:
@@ -79,48 +135,45 @@ def _decode_field(field: Any, gguf: Any) -> Any:
 
 
 def read_gguf(path: str | os.PathLike, *, tensors: bool = True) -> GGUFFile:
-    """Read a GGUF file: metadata always, tensors dequantised to float32 unless ``tensors=False``.
+    """Read a GGUF file: metadata and shapes always, tensors dequantised to float32 unless
+    ``tensors=False`` (then :meth:`GGUFFile.read_tensors` reads them later).
 
     Args:
         path: the ``.gguf`` file.
         tensors: also read and dequantise every tensor (the slow part: about 2 s for 135M
-            parameters); ``False`` reads only the metadata (the tokenizer needs nothing else).
+            parameters); ``False`` reads only the header: metadata (the tokenizer needs
+            nothing else) and tensor shapes (enough to check the metadata's sizes).
 
     Returns:
         A :class:`GGUFFile`.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
+        qkv.data.files.MissingFileError (a FileNotFoundError): ``path`` does not exist.
         ImportError: the ``gguf`` package is missing (with the install command).
-        ValueError: the file is not GGUF, or holds a tensor type ``gguf`` cannot dequantise.
+        qkv.data.files.BadFileError (a ValueError): the file is not GGUF, is truncated or
+            corrupt, or holds a tensor type ``gguf`` cannot dequantise or a non-finite tensor.
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"GGUF file not found: {path}")
+        raise MissingFileError(f"GGUF file not found: {path}", path=path)
     gguf = require("gguf", "gguf")
     try:
         reader = gguf.GGUFReader(str(path))
-    except Exception as err:  # the reader raises ValueError/struct errors on foreign files
-        raise ValueError(f"{path} is not a readable GGUF file: {err}") from err
-    metadata = {name: _decode_field(f, gguf) for name, f in reader.fields.items()}
-    out = GGUFFile(path=path, metadata=metadata)
-    if not tensors:
-        return out
-    from gguf.quants import dequantize
-
-    for t in reader.tensors:
-        shape = tuple(int(n) for n in reversed(t.shape.tolist()))  # torch order: rows first
-        try:
-            array = dequantize(t.data, t.tensor_type)
-        except NotImplementedError as err:
-            raise ValueError(
-                f"GGUF tensor {t.name!r} in {path} has type {t.tensor_type.name}, which the "
-                f"installed gguf package cannot dequantise: {err}"
-            ) from err
-        # F32 tensors come back as read-only views of the memory-mapped file: copy those.
-        array = np.asarray(array, dtype=np.float32).reshape(shape)
-        if not array.flags.writeable:
-            array = array.copy()
-        out.tensors[t.name] = torch.from_numpy(array)
-        out.tensor_types[t.name] = t.tensor_type.name
+    except BaseException as err:  # ValueError, struct/numpy errors, IndexError on foreign files
+        if not library_error(err):
+            raise
+        raise BadFileError(
+            f"{path} is not a readable GGUF file ({type(err).__name__}: {str(err)[:300]}); "
+            "expected llama.cpp's format: magic 'GGUF', version, metadata, tensor table, data",
+            path=path,
+        ) from None
+    with reading(path, "GGUF metadata"):
+        metadata = {name: _decode_field(f, gguf) for name, f in reader.fields.items()}
+        shapes = {t.name: tuple(int(n) for n in reversed(t.shape.tolist()))  # torch order
+                  for t in reader.tensors}  # fmt: skip
+        types = {t.name: t.tensor_type.name for t in reader.tensors}
+    out = GGUFFile(path=path, metadata=metadata, tensor_types=types, shapes=shapes,
+                   _reader=reader)  # fmt: skip
+    if tensors:
+        out.read_tensors()
     return out

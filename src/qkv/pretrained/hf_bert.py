@@ -20,7 +20,7 @@ are ignored.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from torch import Tensor
@@ -29,7 +29,7 @@ from qkv.models import Encoder, EncoderConfig
 from qkv.pretrained.hf_common import hf_activation, token_id
 from qkv.pretrained.weights import Entry, load_entries, with_prefix
 
-__all__ = ["bert_config", "load_bert_weights"]
+__all__ = ["bert_config", "bert_entries", "bert_ignored", "load_bert_weights"]
 
 def bert_config(hf: Mapping[str, Any], *, where: str, pooling: str = "mean") -> EncoderConfig:
     """An :class:`EncoderConfig` from a BERT ``config.json``.
@@ -75,14 +75,15 @@ def _ignored(name: str) -> bool:
     )
 
 
-def load_bert_weights(model: Encoder, state: Mapping[str, Tensor], *, where: str) -> None:
-    """Fill ``model`` from a BERT state dict (strict; see :func:`load_entries`).
+def bert_ignored(name: str) -> bool:
+    """Source names a BERT checkpoint may hold that an encoder does not use."""
+    return _ignored(name)
 
-    Raises:
-        ValueError: missing, unexpected or misshaped tensors, named.
-    """
-    prefix = "bert." if any(k.startswith("bert.") for k in state) else ""
-    c = model.config
+
+def bert_entries(c: EncoderConfig, names: Iterable[str]) -> list[Entry]:
+    """The tensors an :class:`Encoder` with config ``c`` needs, under BERT's names (with a
+    ``bert.`` prefix when ``names``, the file's tensor names, use one)."""
+    prefix = "bert." if any(k.startswith("bert.") for k in names) else ""
     E, F = c.d_model, c.ffn_dim
 
     def same(src: str, dst: str, shape: tuple[int, ...]) -> Entry:
@@ -116,5 +117,14 @@ def load_bert_weights(model: Encoder, state: Mapping[str, Tensor], *, where: str
         entries += linear(f"{src}.intermediate.dense", f"{dst}.ffn.linear1", F, E)
         entries += linear(f"{src}.output.dense", f"{dst}.ffn.linear2", E, F)
         entries += norm(f"{src}.output.LayerNorm", f"{dst}.ffn_norm")
-    entries = with_prefix(entries, prefix)
-    load_entries(model, state, entries, where=where, ignore=_ignored)
+    return with_prefix(entries, prefix)
+
+
+def load_bert_weights(model: Encoder, state: Mapping[str, Tensor], *, where: str) -> None:
+    """Fill ``model`` from a BERT state dict (strict; see :func:`load_entries`).
+
+    Raises:
+        ValueError: missing, unexpected or misshaped tensors, named.
+    """
+    entries = bert_entries(model.config, state)
+    load_entries(model, state, entries, where=where, ignore=bert_ignored)

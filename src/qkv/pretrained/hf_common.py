@@ -4,11 +4,18 @@ A Hugging Face model folder holds ``config.json`` (sizes and options; ``model_ty
 family) and the weights as ``model.safetensors`` (or shards listed in
 ``model.safetensors.index.json``), or as the older pickled ``pytorch_model.bin``, which is
 read with ``torch.load(weights_only=True)`` so that no code in it can run.
+
+:func:`open_weights` reads only the weights' shapes (safetensors headers), so that the loader can
+check ``config.json`` against them before it builds anything; :meth:`HFWeights.read` then
+reads the data and checks every tensor finite.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import pickle
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,11 +23,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from qkv.checkpoint.tensor_file import TensorFile, check_finite
 from qkv.checks import is_int
-from qkv.data.files import read_json
+from qkv.data.files import BadFileError, MissingFileError, library_error, read_json
 from qkv.pretrained.errors import require
 
-__all__ = ["HF_ACTIVATIONS", "hf_activation", "read_state_dict", "token_id"]
+__all__ = [
+    "HF_ACTIVATIONS",
+    "HFWeights",
+    "hf_activation",
+    "open_weights",
+    "read_state_dict",
+    "token_id",
+]
 
 # Hugging Face activation name -> qkv feed-forward kind.
 HF_ACTIVATIONS = {
@@ -41,7 +56,7 @@ def hf_activation(hf: Mapping[str, Any], key: str, where: str, default: str = "g
         ValueError: an activation qkv does not have (the message lists the known ones).
     """
     name = hf.get(key, default)
-    if name not in HF_ACTIVATIONS:
+    if not isinstance(name, str) or name not in HF_ACTIVATIONS:
         raise ValueError(
             f"{where}: {key}={name!r} is not supported; known: {sorted(HF_ACTIVATIONS)}"
         )
@@ -60,14 +75,118 @@ def token_id(hf: Mapping[str, Any], key: str) -> int | None:
     return value if ok and (not isinstance(vocab, int) or value < vocab) else None
 
 
-def read_state_dict(folder: str | os.PathLike) -> dict[str, Tensor]:
-    """Every tensor of a Hugging Face folder, by name, on the CPU.
+class HFWeights:
+    """The weights of a Hugging Face folder, opened: shapes known, data not yet checked.
+
+    Attributes:
+        path: the weights file (``model.safetensors``, the shard index, or
+            ``pytorch_model.bin``), named in messages.
+        shapes: tensor name -> shape, over every shard.
+        nbytes: the size of the weight file(s) in bytes.
+    """
+
+    def __init__(self, path: Path, files: list[TensorFile] | None = None,
+                 pickled: dict[str, Tensor] | None = None) -> None:  # fmt: skip
+        self.path = path
+        self._files = files or []
+        self._pickled = pickled
+        if pickled is not None:
+            self.shapes = {k: tuple(v.shape) for k, v in pickled.items()}
+            self.nbytes = path.stat().st_size
+        else:
+            self.shapes = {}
+            for f in self._files:
+                for name, shape in f.shapes.items():
+                    if name in self.shapes:
+                        raise BadFileError(f"{f.path}: tensor {name!r} is also in another shard "
+                                           f"of {path}; expected each tensor once", path=f.path)
+                    self.shapes[name] = shape
+            self.nbytes = sum(f.nbytes for f in self._files)
+
+    @property
+    def numel(self) -> int:
+        """Number of values stored, over all tensors."""
+        return sum(math.prod(shape) for shape in self.shapes.values())
+
+    def read(self) -> dict[str, Tensor]:
+        """Every tensor on the CPU, each floating-point one checked finite.
+
+        Raises:
+            BadFileError: unreadable data, or a tensor holding NaN or infinity (named).
+        """
+        if self._pickled is not None:
+            for name, t in self._pickled.items():
+                check_finite(name, t, self.path)
+            return dict(self._pickled)
+        state: dict[str, Tensor] = {}
+        for f in self._files:
+            state.update(f.read("cpu"))
+        return state
+
+
+_CONVERT = ("convert it to model.safetensors with a tool you trust (transformers: "
+            "save_pretrained(folder, safe_serialization=True))")  # fmt: skip
+
+
+def _open_pickled(file: Path) -> dict[str, Tensor]:
+    """``pytorch_model.bin`` through ``torch.load(weights_only=True)``, after checks on its zip.
+
+    torch's zip format stores every record uncompressed; a compressed record (a zip bomb) or
+    the legacy non-zip format (whose storages are sized by the pickle, not the file) is refused
+    before torch reads anything.
+    """
+    size = file.stat().st_size
+    try:
+        with zipfile.ZipFile(file) as archive:
+            records = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
+        raise BadFileError(
+            f"{file}: not a zip archive ({err}); expected the zip format torch.save has written "
+            f"since PyTorch 1.6 (the legacy format is refused); or {_CONVERT}",
+            path=file,
+        ) from None
+    for r in records:
+        if r.compress_type != zipfile.ZIP_STORED or r.file_size > size:
+            raise BadFileError(
+                f"{file}: zip record {r.filename!r} is compressed or larger than the file "
+                f"({r.file_size} bytes); expected torch.save's uncompressed records",
+                path=file,
+            )
+    try:
+        loaded = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as err:
+        lines = [line for line in str(err).splitlines() if "unsupported" in line.lower()]
+        found = lines[0].strip() if lines else str(err).splitlines()[0]
+        raise BadFileError(
+            f"{file}: refused: the pickle holds more than tensors ({found}); qkv reads it with "
+            f"torch.load(weights_only=True) and never runs code from a file. Expected a state "
+            f"dict of tensors: {_CONVERT}",
+            path=file,
+        ) from None
+    except BaseException as err:  # torch's zip reader raises RuntimeError on corrupt records
+        if not library_error(err):
+            raise
+        raise BadFileError(f"{file}: not a readable torch.save file, truncated or corrupt "
+                           f"({type(err).__name__}: {str(err)[:300]})", path=file) from None
+    if not isinstance(loaded, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, Tensor) for k, v in loaded.items()
+    ):
+        raise BadFileError(f"{file}: expected a state dict (tensor name -> tensor), got "
+                           f"{type(loaded).__name__}", path=file)  # fmt: skip
+    return dict(loaded)
+
+
+def open_weights(folder: str | os.PathLike) -> HFWeights:
+    """Open the weights of a Hugging Face folder: shapes now, data on :meth:`HFWeights.read`.
 
     Looks for, in order: ``model.safetensors``, ``model.safetensors.index.json`` (shards),
-    ``pytorch_model.bin`` (``torch.load(..., weights_only=True)``).
+    ``pytorch_model.bin`` (``torch.load(..., weights_only=True)``: never runs code).
 
     Raises:
-        FileNotFoundError: none of those files is in ``folder`` (the message lists them).
+        qkv.data.files.MissingFileError (a FileNotFoundError): none of those files is in
+            ``folder`` (the message lists them), or a shard the index names is missing.
+        qkv.data.files.BadFileError: a truncated or corrupt file, a shard name that is not a
+            plain file name, or a pickle that holds more than tensors.
         ImportError: ``safetensors`` is missing (with the install command).
     """
     folder = Path(folder)
@@ -75,20 +194,31 @@ def read_state_dict(folder: str | os.PathLike) -> dict[str, Tensor]:
     index = folder / "model.safetensors.index.json"
     pickled = folder / "pytorch_model.bin"
     if single.is_file() or index.is_file():
-        st = require("safetensors.torch", "safetensors")
+        require("safetensors", "safetensors")
         if single.is_file():
-            return dict(st.load_file(str(single), device="cpu"))
-        shards = sorted(set(read_json(index).get("weight_map", {}).values()))
-        state: dict[str, Tensor] = {}
+            return HFWeights(single, [TensorFile(single)])
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise BadFileError(f"{index}: expected a non-empty 'weight_map' object, got "
+                               f"{type(weight_map).__name__}", path=index)  # fmt: skip
+        shards = sorted({str(v) for v in weight_map.values()})
         for shard in shards:
-            state.update(st.load_file(str(folder / shard), device="cpu"))
-        return state
+            if Path(shard).name != shard or not shard:
+                raise BadFileError(f"{index}: shard {shard!r} is not a plain file name in the "
+                                   "folder", path=index)  # fmt: skip
+        return HFWeights(index, [TensorFile(folder / shard) for shard in shards])
     if pickled.is_file():
-        loaded = torch.load(pickled, map_location="cpu", weights_only=True)
-        if not isinstance(loaded, Mapping):
-            raise ValueError(f"{pickled} does not hold a state dict (got {type(loaded).__name__})")
-        return dict(loaded)
-    raise FileNotFoundError(
+        return HFWeights(pickled, pickled=_open_pickled(pickled))
+    raise MissingFileError(
         f"{folder} has no weights: expected model.safetensors, model.safetensors.index.json "
-        "or pytorch_model.bin"
+        "or pytorch_model.bin",
+        path=folder,
     )
+
+
+def read_state_dict(folder: str | os.PathLike) -> dict[str, Tensor]:
+    """Every tensor of a Hugging Face folder, by name, on the CPU, checked finite.
+
+    ``open_weights(folder).read()``; see :func:`open_weights` for the files and errors.
+    """
+    return open_weights(folder).read()

@@ -19,19 +19,25 @@ gets mean pooling and normalisation.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qkv.data.files import read_json
+from torch import nn
+
+from qkv.checkpoint.backing import check_derived_buffers, check_sizes, meta_model
+from qkv.checks import positive_int
+from qkv.data.files import BadFileError, read_json, reading
 from qkv.models import DecoderLM, Encoder
 from qkv.pretrained.bundle import DecoderBundle, EncoderBundle
 from qkv.pretrained.errors import require
-from qkv.pretrained.hf_bert import bert_config, load_bert_weights
-from qkv.pretrained.hf_common import read_state_dict
-from qkv.pretrained.hf_gpt2 import gpt2_config, load_gpt2_weights
-from qkv.pretrained.hf_llama import llama_config, load_llama_weights
+from qkv.pretrained.hf_bert import bert_config, bert_entries, bert_ignored
+from qkv.pretrained.hf_common import open_weights
+from qkv.pretrained.hf_gpt2 import gpt2_config, gpt2_entries, gpt2_ignored
+from qkv.pretrained.hf_llama import HF_LLAMA_NAMES, llama_config, llama_entries, llama_ignored
 from qkv.pretrained.tokenizer import PretrainedTokenizer
-from qkv.pretrained.weights import skip_init
+from qkv.pretrained.weights import Entry, check_entries, load_entries, skip_init
 
 __all__ = ["MODEL_TYPES", "load_hf_folder", "tokenizer_from_folder"]
 
@@ -54,18 +60,27 @@ def _chat_template(folder: Path, tok_config: dict[str, Any]) -> str | None:
         template = named.get("default")
     jinja = folder / "chat_template.jinja"
     if template is None and jinja.is_file():
-        template = jinja.read_text(encoding="utf-8")
+        with reading(jinja, "a UTF-8 Jinja template"):
+            template = jinja.read_text(encoding="utf-8")
     return template if isinstance(template, str) else None
 
 
 def _backend(folder: Path, tok_config: dict[str, Any]) -> Any | None:
-    """A ``tokenizers.Tokenizer`` from the folder's files, or None when there are none."""
+    """A ``tokenizers.Tokenizer`` from the folder's files, or None when there are none.
+
+    The ``tokenizers`` library parses the files; what it refuses (its own exception type, or a
+    panic) becomes a BadFileError naming the file.
+    """
     tk = require("tokenizers", "tokenizers")
     if (folder / "tokenizer.json").is_file():
-        return tk.Tokenizer.from_file(str(folder / "tokenizer.json"))
+        with reading(folder / "tokenizer.json", "a tokenizers library tokenizer.json",
+                     errors=(Exception,)):  # fmt: skip
+            return tk.Tokenizer.from_file(str(folder / "tokenizer.json"))
     if (folder / "vocab.txt").is_file():
-        wp = tk.Tokenizer(tk.models.WordPiece.from_file(str(folder / "vocab.txt"),
-                                                        unk_token="[UNK]"))  # fmt: skip
+        with reading(folder / "vocab.txt", "a WordPiece vocabulary, one token a line",
+                     errors=(Exception,)):  # fmt: skip
+            wp = tk.Tokenizer(tk.models.WordPiece.from_file(str(folder / "vocab.txt"),
+                                                            unk_token="[UNK]"))  # fmt: skip
         wp.normalizer = tk.normalizers.BertNormalizer(
             lowercase=bool(tok_config.get("do_lower_case", True))
         )
@@ -76,8 +91,10 @@ def _backend(folder: Path, tok_config: dict[str, Any]) -> Any | None:
         wp.decoder = tk.decoders.WordPiece()
         return wp
     if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
-        bpe = tk.Tokenizer(tk.models.BPE.from_file(str(folder / "vocab.json"),
-                                                   str(folder / "merges.txt")))  # fmt: skip
+        with reading(folder / "vocab.json", "a byte-level BPE vocab.json with its merges.txt",
+                     errors=(Exception,)):  # fmt: skip
+            bpe = tk.Tokenizer(tk.models.BPE.from_file(str(folder / "vocab.json"),
+                                                       str(folder / "merges.txt")))  # fmt: skip
         bpe.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
         bpe.decoder = tk.decoders.ByteLevel()
         return bpe
@@ -95,62 +112,101 @@ def tokenizer_from_folder(
 
     Raises:
         ImportError: ``tokenizers`` missing (with the install command).
-        ValueError: malformed JSON files.
+        qkv.data.files.BadFileError (a ValueError): a tokenizer file that is malformed or
+            that the ``tokenizers`` library refuses (named).
     """
     folder = Path(folder)
     tok_config: dict[str, Any] = {}
     for name in ("special_tokens_map.json", "tokenizer_config.json"):
         if (folder / name).is_file():
             tok_config.update(read_json(folder / name))
+    with reading(folder / "tokenizer_config.json", "a tokenizer configuration"):
+        template = _chat_template(folder, tok_config)
     backend = _backend(folder, tok_config)
     if backend is None:
         return None
     special = {k: _token_text(tok_config.get(k)) for k in _SPECIAL_KEYS}
     special = {k: v for k, v in special.items() if v is not None and backend.token_to_id(v)
                is not None}  # fmt: skip
-    return PretrainedTokenizer(
-        backend, max_length=max_length, special_tokens=special,
-        chat_template=_chat_template(folder, tok_config),
-    )
+    return PretrainedTokenizer(backend, max_length=max_length, special_tokens=special,
+                               chat_template=template)  # fmt: skip
+
+
+def _pooling_folder(folder: Path, modules_file: Path, value: Any) -> Path:
+    """The pooling module's folder named in ``modules.json``: a relative path inside ``folder``."""
+    if not isinstance(value, str) or not value or Path(value).is_absolute() or ".." in Path(
+            value).parts:  # fmt: skip
+        raise BadFileError(f"{modules_file}: module path {value!r} is not a folder inside "
+                           f"{folder}", path=modules_file)  # fmt: skip
+    return folder / value
 
 
 def _sentence_transformers(folder: Path, hf: dict[str, Any]) -> tuple[str, bool, int]:
     """``(pooling, normalize, max_length)`` from sentence-transformers files, or defaults."""
     pooling, normalize = "mean", True
-    max_length = int(hf.get("max_position_embeddings", 512))
-    if (folder / "sentence_bert_config.json").is_file():
-        max_length = int(read_json(folder / "sentence_bert_config.json").get(
-            "max_seq_length", max_length))  # fmt: skip
-    if (folder / "modules.json").is_file():
-        modules = read_json_list(folder / "modules.json")
+    with reading(folder / "config.json", "a BERT config.json"):
+        max_length = positive_int("max_position_embeddings",
+                                  hf.get("max_position_embeddings", 512))  # fmt: skip
+    st_config = folder / "sentence_bert_config.json"
+    if st_config.is_file():
+        with reading(st_config, "a sentence-transformers config"):
+            max_length = positive_int("max_seq_length",
+                                      read_json(st_config).get("max_seq_length", max_length))
+    modules_file = folder / "modules.json"
+    if modules_file.is_file():
+        modules = [m for m in read_json(modules_file, kind=list) if isinstance(m, dict)]
         types = [str(m.get("type", "")) for m in modules]
         normalize = any(t.endswith("Normalize") for t in types)
-        for m in modules:
-            if str(m.get("type", "")).endswith("Pooling"):
-                cfg = read_json(folder / m.get("path", "1_Pooling") / "config.json")
+        for m, kind in zip(modules, types, strict=True):
+            if kind.endswith("Pooling"):
+                cfg_file = _pooling_folder(folder, modules_file, m.get("path", "1_Pooling"))
+                cfg = read_json(cfg_file / "config.json")
                 modes = [k for k, v in cfg.items() if k.startswith("pooling_mode_") and v]
                 mapping = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
                 if len(modes) != 1 or modes[0] not in mapping:
-                    raise ValueError(
-                        f"{folder}: sentence-transformers pooling {modes} is not supported "
-                        "(mean or cls only)"
+                    raise BadFileError(
+                        f"{cfg_file / 'config.json'}: sentence-transformers pooling {modes} is "
+                        "not supported (expected one of mean or cls)",
+                        path=cfg_file / "config.json",
                     )
                 pooling = mapping[modes[0]]
     return pooling, normalize, max_length
 
 
-def read_json_list(path: Path) -> list[dict[str, Any]]:
-    """``modules.json`` is a JSON list; read it with the same error messages as objects."""
-    import json
+@dataclass(frozen=True)
+class _Family:
+    """How one ``model_type`` becomes a qkv model: config, tensor names, unused names."""
 
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(data, list):
-        raise ValueError(f"{path} must hold a JSON list, got {type(data).__name__}")
-    return [m for m in data if isinstance(m, dict)]
+    model: type[nn.Module]
+    entries: Callable[[Any, Iterable[str]], list[Entry]]
+    ignored: Callable[[Any], Callable[[str], bool]]
+
+
+_FAMILIES = {
+    "bert": _Family(Encoder, bert_entries, lambda c: bert_ignored),
+    "gpt2": _Family(DecoderLM, gpt2_entries, gpt2_ignored),
+    "llama": _Family(DecoderLM, lambda c, names: llama_entries(c, HF_LLAMA_NAMES), llama_ignored),
+}
+
+
+def _config(kind: str, hf: dict[str, Any], folder: Path, config_file: Path) -> tuple[Any, tuple]:
+    """The qkv config for ``config.json`` (and, for BERT, the sentence-transformers extras)."""
+    where = str(config_file)
+    extras: tuple = ()
+    with reading(config_file, f"a Hugging Face {kind} config.json"):
+        if kind == "bert":
+            extras = _sentence_transformers(folder, hf)
+            return bert_config(hf, where=where, pooling=extras[0]), extras
+        if kind == "gpt2":
+            return gpt2_config(hf, where=where), extras
+        return llama_config(hf, where=where), extras
 
 
 def load_hf_folder(folder: str | Path, *, name: str | None = None) -> EncoderBundle | DecoderBundle:
     """Load a Hugging Face-format folder (BERT, GPT-2 or Llama family) into a bundle.
+
+    ``config.json`` is checked against the weights' header (names and shapes) before the model
+    is built (see :mod:`qkv.checkpoint.backing`), and the weights are checked finite once read.
 
     Args:
         folder: holds ``config.json`` and the weights.
@@ -161,31 +217,47 @@ def load_hf_folder(folder: str | Path, *, name: str | None = None) -> EncoderBun
         eval mode, float32.
 
     Raises:
-        FileNotFoundError: no ``config.json`` or no weights.
-        ValueError: an unsupported ``model_type`` (the known ones are listed), unsupported
-            options, or missing, unexpected or misshaped tensors (named).
+        qkv.data.files.MissingFileError (a FileNotFoundError): no ``config.json`` or no
+            weights.
+        qkv.data.files.BadFileError (a ValueError): an unsupported ``model_type`` (the known
+            ones are listed), unsupported options, sizes the weights do not back, missing,
+            unexpected, misshaped or non-finite tensors (named), malformed tokenizer files;
+            every message names the file.
     """
     folder = Path(folder)
-    where = str(folder)
-    hf = read_json(folder / "config.json")
+    config_file = folder / "config.json"
+    hf = read_json(config_file, what="config.json")
     kind = hf.get("model_type")
-    if kind not in MODEL_TYPES:
-        raise ValueError(
-            f"{where}: config.json model_type={kind!r} is not supported; known: {MODEL_TYPES}"
+    if not isinstance(kind, str) or kind not in MODEL_TYPES:
+        raise BadFileError(
+            f"{config_file}: config.json model_type={kind!r} is not supported; known: "
+            f"{MODEL_TYPES}",
+            path=config_file,
         )
-    state = read_state_dict(folder)
-    source = {"format": "huggingface", "model_type": kind, "path": where}
-    name = name or where
+    family = _FAMILIES[kind]
+    weights = open_weights(folder)  # the header only: shapes, no data
+    config, extras = _config(kind, hf, folder, config_file)
+    # 1) sizes bounded by the header, 2) names and shapes, 3) computed buffers: all before the
+    # model is built (qkv.checkpoint.backing)
+    check_sizes(config, tensors=len(weights.shapes), numel=weights.numel,
+                config_file=config_file, data_file=weights.path)  # fmt: skip
+    entries = family.entries(config, weights.shapes)
+    ignored = family.ignored(config)
+    check_entries(weights.shapes, entries, where=weights.path, ignore=ignored,
+                  origin=f"the model {config_file} describes")  # fmt: skip
+    check_derived_buffers(meta_model(lambda: family.model(config)), file_bytes=weights.nbytes,
+                          config_file=config_file)  # fmt: skip
+    # The tokenizer files are small: read them before the weights, so a bad one fails early.
     if kind == "bert":
-        pooling, normalize, max_length = _sentence_transformers(folder, hf)
-        with skip_init():
-            encoder = Encoder(bert_config(hf, where=where, pooling=pooling))
-        load_bert_weights(encoder, state, where=where)
-        max_length = min(max_length, encoder.config.max_len)
-        return EncoderBundle(encoder.eval(), tokenizer_from_folder(folder, max_length=max_length),
-                             name, source, normalize=normalize)  # fmt: skip
-    config = gpt2_config(hf, where=where) if kind == "gpt2" else llama_config(hf, where=where)
+        _, normalize, max_length = extras
+        tokenizer = tokenizer_from_folder(folder, max_length=min(max_length, config.max_len))
+    else:
+        tokenizer = tokenizer_from_folder(folder)
     with skip_init():
-        decoder = DecoderLM(config)
-    (load_gpt2_weights if kind == "gpt2" else load_llama_weights)(decoder, state, where=where)
-    return DecoderBundle(decoder.eval(), tokenizer_from_folder(folder), name, source)
+        model = family.model(config)
+    load_entries(model, weights.read(), entries, where=weights.path, ignore=ignored)
+    source = {"format": "huggingface", "model_type": kind, "path": str(folder)}
+    name = name or str(folder)
+    if kind == "bert":
+        return EncoderBundle(model.eval(), tokenizer, name, source, normalize=normalize)
+    return DecoderBundle(model.eval(), tokenizer, name, source)

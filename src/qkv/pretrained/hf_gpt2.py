@@ -19,7 +19,7 @@ causal-mask buffers ``attn.bias`` / ``attn.masked_bias`` of old checkpoints, and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from torch import Tensor
@@ -28,7 +28,7 @@ from qkv.models import DecoderLM, DecoderLMConfig
 from qkv.pretrained.hf_common import hf_activation, token_id
 from qkv.pretrained.weights import Entry, load_entries, transpose, with_prefix
 
-__all__ = ["gpt2_config", "load_gpt2_weights"]
+__all__ = ["gpt2_config", "gpt2_entries", "gpt2_ignored", "load_gpt2_weights"]
 
 
 def gpt2_config(hf: Mapping[str, Any], *, where: str) -> DecoderLMConfig:
@@ -63,14 +63,21 @@ def gpt2_config(hf: Mapping[str, Any], *, where: str) -> DecoderLMConfig:
         raise ValueError(f"{where}: config.json has no {err.args[0]!r}") from err
 
 
-def load_gpt2_weights(model: DecoderLM, state: Mapping[str, Tensor], *, where: str) -> None:
-    """Fill ``model`` from a GPT-2 state dict (strict; see :func:`load_entries`).
+def gpt2_ignored(c: DecoderLMConfig) -> Callable[[str], bool]:
+    """Source names a GPT-2 checkpoint may hold that the model does not use: the causal-mask
+    buffers of old checkpoints and, with tied embeddings, the ``lm_head.weight`` copy."""
 
-    Raises:
-        ValueError: missing, unexpected or misshaped tensors, named.
-    """
-    prefix = "transformer." if any(k.startswith("transformer.") for k in state) else ""
-    c = model.config
+    def ignored(name: str) -> bool:
+        tied_copy = c.tie_embeddings and name == "lm_head.weight"
+        return tied_copy or name.endswith((".attn.bias", ".attn.masked_bias"))
+
+    return ignored
+
+
+def gpt2_entries(c: DecoderLMConfig, names: Iterable[str]) -> list[Entry]:
+    """The tensors a GPT-2-style :class:`DecoderLM` with config ``c`` needs, under GPT-2's
+    names (with a ``transformer.`` prefix when ``names``, the file's tensor names, use one)."""
+    prefix = "transformer." if any(k.startswith("transformer.") for k in names) else ""
     E, F, V = c.d_model, c.ffn_dim, c.vocab_size
 
     def same(src: str, dst: str, shape: tuple[int, ...]) -> Entry:
@@ -101,22 +108,26 @@ def load_gpt2_weights(model: DecoderLM, state: Mapping[str, Tensor], *, where: s
         entries.append(same("lm_head.weight", "lm_head.weight", (V, E)))
     for i in range(c.num_layers):
         src, dst = f"h.{i}", f"blocks.{i}"
-        names = ("q_proj", "k_proj", "v_proj")
+        qkv_names = ("q_proj", "k_proj", "v_proj")
         entries += [
             Entry(f"{src}.attn.c_attn.weight", (E, 3 * E), tuple(
-                (f"{dst}.self_attn.{n}.weight", cut(j, True)) for j, n in enumerate(names))),
+                (f"{dst}.self_attn.{n}.weight", cut(j, True)) for j, n in enumerate(qkv_names))),
             Entry(f"{src}.attn.c_attn.bias", (3 * E,), tuple(
-                (f"{dst}.self_attn.{n}.bias", cut(j, False)) for j, n in enumerate(names))),
+                (f"{dst}.self_attn.{n}.bias", cut(j, False)) for j, n in enumerate(qkv_names))),
             *conv1d(f"{src}.attn.c_proj", f"{dst}.self_attn.out_proj", E, E),
             *norm(f"{src}.ln_1", f"{dst}.attn_norm"),
             *norm(f"{src}.ln_2", f"{dst}.ffn_norm"),
             *conv1d(f"{src}.mlp.c_fc", f"{dst}.ffn.linear1", E, F),
             *conv1d(f"{src}.mlp.c_proj", f"{dst}.ffn.linear2", F, E),
         ]
+    return with_prefix(entries, prefix, bare=("lm_head.weight",))
 
-    def ignored(name: str) -> bool:
-        tied_copy = c.tie_embeddings and name == "lm_head.weight"
-        return tied_copy or name.endswith((".attn.bias", ".attn.masked_bias"))
 
-    entries = with_prefix(entries, prefix, bare=("lm_head.weight",))
-    load_entries(model, state, entries, where=where, ignore=ignored)
+def load_gpt2_weights(model: DecoderLM, state: Mapping[str, Tensor], *, where: str) -> None:
+    """Fill ``model`` from a GPT-2 state dict (strict; see :func:`load_entries`).
+
+    Raises:
+        ValueError: missing, unexpected or misshaped tensors, named.
+    """
+    c = model.config
+    load_entries(model, state, gpt2_entries(c, state), where=where, ignore=gpt2_ignored(c))

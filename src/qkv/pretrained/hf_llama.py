@@ -16,7 +16,7 @@ transform that undoes its permutation of the query/key rows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import Tensor
@@ -25,7 +25,13 @@ from qkv.models import DecoderLM, DecoderLMConfig
 from qkv.pretrained.hf_common import token_id
 from qkv.pretrained.weights import Entry, Transform, load_entries
 
-__all__ = ["HF_LLAMA_NAMES", "llama_config", "llama_entries", "load_llama_weights"]
+__all__ = [
+    "HF_LLAMA_NAMES",
+    "llama_config",
+    "llama_entries",
+    "llama_ignored",
+    "load_llama_weights",
+]
 
 # Role -> source name ({i} = layer). The GGUF loader has its own table with the same roles.
 HF_LLAMA_NAMES = {
@@ -127,6 +133,17 @@ def llama_entries(
     return entries
 
 
+def llama_ignored(c: DecoderLMConfig) -> Callable[[str], bool]:
+    """Source names a Llama checkpoint may hold that the model does not use: cached
+    ``rotary_emb.inv_freq`` buffers and, with tied embeddings, the ``lm_head.weight`` copy."""
+
+    def ignored(name: str) -> bool:
+        tied_copy = c.tie_embeddings and name == HF_LLAMA_NAMES["lm_head"]
+        return tied_copy or name.endswith("rotary_emb.inv_freq")
+
+    return ignored
+
+
 def load_llama_weights(model: DecoderLM, state: Mapping[str, Tensor], *, where: str) -> None:
     """Fill ``model`` from a Llama state dict (strict; see :func:`load_entries`).
 
@@ -134,9 +151,5 @@ def load_llama_weights(model: DecoderLM, state: Mapping[str, Tensor], *, where: 
         ValueError: missing, unexpected or misshaped tensors, named.
     """
     c = model.config
-
-    def ignored(name: str) -> bool:
-        tied_copy = c.tie_embeddings and name == HF_LLAMA_NAMES["lm_head"]
-        return tied_copy or name.endswith("rotary_emb.inv_freq")
-
-    load_entries(model, state, llama_entries(c, HF_LLAMA_NAMES), where=where, ignore=ignored)
+    load_entries(model, state, llama_entries(c, HF_LLAMA_NAMES), where=where,
+                 ignore=llama_ignored(c))  # fmt: skip

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from qkv.checkpoint import load_checkpoint
 from qkv.data.batching import pad_rows
+from qkv.data.files import BadFileError
 from qkv.models import DecoderLM, Encoder
 from qkv.pretrained.bundle import DecoderBundle, EncoderBundle
 
@@ -79,8 +80,10 @@ def load_qkv_checkpoint(folder: str | Path, *, name: str | None = None
     """Load a qkv checkpoint folder holding a ``DecoderLM`` or an ``Encoder``.
 
     Raises:
-        qkv.checkpoint.CheckpointError (a ValueError): unreadable or mismatched files.
-        ValueError: a checkpoint of another model class (e.g. a Seq2SeqTransformer).
+        qkv.checkpoint.CheckpointError (a BadFileError, a ValueError): unreadable or
+            mismatched files.
+        qkv.data.files.BadFileError: a checkpoint of another model class (e.g. a
+            Seq2SeqTransformer).
     """
     ckpt = load_checkpoint(folder)
     name = name or str(folder)
@@ -93,7 +96,8 @@ def load_qkv_checkpoint(folder: str | Path, *, name: str | None = None
         return DecoderBundle(model, tokenizer, name, source)
     if isinstance(model, Encoder):
         return EncoderBundle(model, tokenizer, name, source)
-    raise ValueError(
-        f"{folder}: holds a {type(model).__name__}; qkv.pretrained.load takes DecoderLM and "
-        "Encoder checkpoints"
+    raise BadFileError(
+        f"{ckpt.path / 'config.json'}: holds a {type(model).__name__}; qkv.pretrained.load "
+        "takes DecoderLM and Encoder checkpoints (load_checkpoint reads the others)",
+        path=ckpt.path / "config.json",
     )

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qkv.checkpoint import is_qkv_checkpoint
+from qkv.data.files import BadFileError, MissingFileError
 from qkv.pretrained.bundle import DecoderBundle, EncoderBundle
 from qkv.pretrained.errors import INSTALL
 
@@ -125,8 +126,15 @@ def _load_gguf(path: Path, name: str) -> DecoderBundle:
 def _load_path(path: Path, name: str) -> Bundle:
     if path.is_file():
         if path.suffix.lower() != ".gguf":
-            raise ValueError(f"{path} is a file but not a .gguf file; give a model folder")
+            raise BadFileError(
+                f"{path} is a file but not a .gguf file; expected a .gguf file or a model "
+                "folder (config.json + weights)",
+                path=path,
+            )
         return _load_gguf(path, name)
+    if not path.is_dir():
+        raise BadFileError(f"{path} is neither a file nor a folder; expected a .gguf file or "
+                           "a model folder", path=path)  # fmt: skip
     if (path / "config.json").is_file():
         if is_qkv_checkpoint(path):
             from qkv.pretrained.qkv_checkpoint import load_qkv_checkpoint
@@ -139,14 +147,20 @@ def _load_path(path: Path, name: str) -> Bundle:
     if len(ggufs) == 1:
         return _load_gguf(ggufs[0], name)
     found = [p.name for p in sorted(path.iterdir())][:10]
-    raise FileNotFoundError(
+    raise MissingFileError(
         f"{path} holds no model: expected config.json (Hugging Face folder or qkv checkpoint) "
-        f"or exactly one .gguf file; found {found}"
+        f"or exactly one .gguf file; found {found}",
+        path=path,
     )
 
 
 def load(name_or_path: str | os.PathLike) -> Bundle:
     """Load a pretrained model with its tokenizer, offline.
+
+    Every file is checked before it is trusted: a config is compared with the tensor shapes
+    in the weights' header before the model is built, weights are checked finite, pickles are
+    read with ``torch.load(weights_only=True)`` (never running code). A file that fails any
+    check raises :class:`qkv.data.files.BadFileError` naming it.
 
     Args:
         name_or_path: a packaged name (see :func:`known_names`), or a path to a Hugging
@@ -159,15 +173,27 @@ def load(name_or_path: str | os.PathLike) -> Bundle:
         each with ``.model`` (float32, eval mode), ``.tokenizer`` and ``.config``.
 
     Raises:
-        ValueError: an unknown name that is not a path (the message lists the known names);
-            an unsupported architecture; missing, unexpected or misshaped tensors (named).
+        qkv.data.files.BadFileError (a ValueError; ``.path`` is the file): a file that is
+            truncated, corrupt, inconsistent with the others, or refused (an unsupported
+            architecture; missing, unexpected, misshaped or non-finite tensors, named; a
+            pickle holding more than tensors); an empty ``name_or_path``.
+        qkv.data.files.MissingFileError (a BadFileError and a FileNotFoundError): a path
+            without a model in it, or a file the model needs that is not there.
+        ValueError: an unknown name that is not a path (the message lists the known names).
         ImportError: a package that is needed is missing (the message is the install command).
-        FileNotFoundError: a path without a model in it.
         TypeError: ``name_or_path`` is neither a string nor a path.
     """
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise TypeError(
             f"name_or_path must be a model name or a path, got {type(name_or_path).__name__}"
+        )
+    if not str(name_or_path).strip():
+        # Path("") is ".", the working directory: an empty string must not load whatever is there
+        raise BadFileError(
+            f"name_or_path is empty ({str(name_or_path)!r}); expected a packaged name "
+            f"({known_names()}) or the path of a Hugging Face-format folder, a qkv checkpoint "
+            "or a .gguf file",
+            path=str(name_or_path),
         )
     packaged = _lookup(str(name_or_path)) if isinstance(name_or_path, str) else None
     if packaged is not None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from qkv.checks import is_int
+from qkv.data.files import BadFileError, reading
 from qkv.pretrained.errors import require
 from qkv.pretrained.gguf_reader import GGUFFile
 from qkv.pretrained.tokenizer import PretrainedTokenizer
@@ -54,8 +56,7 @@ def _pre_tokenizer(name: str, tokenizers: Any) -> Any:
             pt.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
     raise ValueError(
-        f"GGUF tokenizer.ggml.pre={name!r} is not supported; known pre-tokenizers: "
-        f"{PRE_TOKENIZERS}"
+        f"tokenizer.ggml.pre={name!r} is not supported; known pre-tokenizers: {PRE_TOKENIZERS}"
     )
 
 
@@ -71,24 +72,48 @@ def tokenizer_from_gguf(gguf: GGUFFile) -> PretrainedTokenizer:
         with the file's chat template and special tokens.
 
     Raises:
-        ValueError: a tokenizer model other than ``"gpt2"`` (byte-level BPE), an unknown
-            pre-tokenizer name, or missing vocabulary/merges.
+        qkv.data.files.BadFileError (a ValueError): a tokenizer model other than ``"gpt2"``
+            (byte-level BPE), an unknown pre-tokenizer name, missing or malformed
+            vocabulary/merges/token types, or pieces the ``tokenizers`` library refuses.
         ImportError: ``tokenizers`` is missing (with the install command).
     """
     tokenizers = require("tokenizers", "tokenizers")
     kind = gguf.get("tokenizer.ggml.model")
     if kind != "gpt2":
-        raise ValueError(
+        raise BadFileError(
             f"GGUF file {gguf.path} has tokenizer.ggml.model={kind!r}; qkv reads byte-level "
-            "BPE vocabularies ('gpt2': GPT-2, SmolLM, Llama 3, Qwen) only"
+            "BPE vocabularies ('gpt2': GPT-2, SmolLM, Llama 3, Qwen) only",
+            path=gguf.path,
         )
-    tokens: list[str] = gguf.require("tokenizer.ggml.tokens")
-    merges = [tuple(m.split(" ", 1)) for m in gguf.require("tokenizer.ggml.merges")]
-    types: list[int] = gguf.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    tokens = gguf.require("tokenizer.ggml.tokens")
+    merges = gguf.require("tokenizer.ggml.merges")
+    types = gguf.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    _check_lists(gguf, tokens, merges, types)
+    with reading(gguf.path, "a byte-level BPE vocabulary the tokenizers library accepts",
+                 errors=(Exception,)):  # fmt: skip
+        return _build(gguf, tokenizers, tokens, [tuple(m.split(" ", 1)) for m in merges], types)
 
+
+def _check_lists(gguf: GGUFFile, tokens: Any, merges: Any, types: Any) -> None:
+    """The vocabulary, merges and token types have the types and lengths llama.cpp writes."""
+    problems = []
+    if not (isinstance(tokens, list) and tokens and all(isinstance(t, str) for t in tokens)):
+        problems.append("tokenizer.ggml.tokens must be a non-empty list of strings")
+    if not (isinstance(merges, list) and all(isinstance(m, str) and " " in m for m in merges)):
+        problems.append("tokenizer.ggml.merges must be a list of 'a b' strings")
+    if not (isinstance(types, list) and all(is_int(t) for t in types)
+            and isinstance(tokens, list) and len(types) == len(tokens)):  # fmt: skip
+        problems.append("tokenizer.ggml.token_type must be a list of ints, one per token")
+    if problems:
+        raise BadFileError(f"GGUF file {gguf.path}: " + "; ".join(problems), path=gguf.path)
+
+
+def _build(gguf: GGUFFile, tokenizers: Any, tokens: list[str], merges: list[tuple[str, str]],
+           types: list[int]) -> PretrainedTokenizer:  # fmt: skip
     vocab = {tok: i for i, tok in enumerate(tokens)}
     backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=merges))
-    backend.pre_tokenizer = _pre_tokenizer(gguf.get("tokenizer.ggml.pre", "default"), tokenizers)
+    pre = gguf.get("tokenizer.ggml.pre", "default")
+    backend.pre_tokenizer = _pre_tokenizer(pre if isinstance(pre, str) else repr(pre), tokenizers)
     backend.decoder = tokenizers.decoders.ByteLevel()
     whole = [
         tokenizers.AddedToken(tok, special=t == _CONTROL, normalized=False)
@@ -100,7 +125,7 @@ def tokenizer_from_gguf(gguf: GGUFFile) -> PretrainedTokenizer:
 
     def token(key: str) -> str | None:
         idx = gguf.get(f"tokenizer.ggml.{key}")
-        return tokens[idx] if isinstance(idx, int) and 0 <= idx < len(tokens) else None
+        return tokens[idx] if is_int(idx) and 0 <= idx < len(tokens) else None
 
     special = {
         "bos_token": token("bos_token_id"),
@@ -113,6 +138,8 @@ def tokenizer_from_gguf(gguf: GGUFFile) -> PretrainedTokenizer:
         backend.post_processor = tokenizers.processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])]
         )
+    template = gguf.get("tokenizer.chat_template")
     return PretrainedTokenizer(
-        backend, special_tokens=special, chat_template=gguf.get("tokenizer.chat_template")
+        backend, special_tokens=special,
+        chat_template=template if isinstance(template, str) else None,
     )

@@ -4,8 +4,9 @@ Every converter (BERT, GPT-2, Llama, GGUF) describes the checkpoint it expects a
 :class:`Entry`: the source tensor's name, the shape it must have (computed from the config, so
 a wrong-sized checkpoint is caught by name, not by a broadcasting accident later), and the qkv
 parameter(s) it fills, with an optional transform (a transpose, a slice of a fused matrix, the
-undoing of llama.cpp's row permutation). :func:`load_entries` then checks the three ways a
-checkpoint can be wrong, each reported with the tensor names:
+undoing of llama.cpp's row permutation). :func:`check_entries` checks the three ways a
+checkpoint can be wrong against the file's header, before the model is built, and
+:func:`load_entries` again on the tensors read, each reported with the tensor names:
 
 * missing: a tensor the model needs is not in the file;
 * unexpected: the file has a tensor nobody asked for (and the converter does not know to be
@@ -15,6 +16,7 @@ checkpoint can be wrong, each reported with the tensor names:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -22,7 +24,9 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Entry", "load_entries", "skip_init", "transpose", "with_prefix"]
+from qkv.data.files import BadFileError
+
+__all__ = ["Entry", "check_entries", "load_entries", "skip_init", "transpose", "with_prefix"]
 
 Transform = Callable[[Tensor], Tensor]
 
@@ -93,12 +97,54 @@ def _names(names: Iterable[str], limit: int = 8) -> str:
     return ", ".join(repr(n) for n in names[:limit]) + more
 
 
+def check_entries(
+    shapes: Mapping[str, tuple[int, ...]],
+    entries: Iterable[Entry],
+    *,
+    where: str | os.PathLike,
+    ignore: Callable[[str], bool] = lambda name: False,
+    origin: str = "",
+) -> None:
+    """Check a file's tensor names and shapes against ``entries``, before any data is read.
+
+    Args:
+        shapes: source name -> shape (a safetensors or GGUF header, or a state dict's shapes).
+        entries: the expected source tensors (computed from the config).
+        where: the weights file, named in messages (and the error's ``path``).
+        ignore: source names that are known to be unused (not reported as unexpected).
+        origin: where the expected shapes come from, appended to messages
+            (``"the model config.json describes"``).
+
+    Raises:
+        qkv.data.files.BadFileError (a ValueError): missing, unexpected or misshaped tensors,
+            all of a kind named at once.
+    """
+    entries = list(entries)
+    tail = f" ({origin})" if origin else ""
+    missing = [e.source for e in entries if e.source not in shapes]
+    if missing:
+        raise BadFileError(f"{where}: missing tensor(s) {_names(missing)}{tail}", path=where)
+    used = {e.source for e in entries}
+    unexpected = [k for k in shapes if k not in used and not ignore(k)]
+    if unexpected:
+        raise BadFileError(f"{where}: unexpected tensor(s) {_names(unexpected)}{tail}",
+                           path=where)  # fmt: skip
+    wrong = [
+        f"{e.source!r} has shape {tuple(shapes[e.source])}, expected {tuple(e.shape)}"
+        for e in entries
+        if tuple(shapes[e.source]) != tuple(e.shape)
+    ]
+    if wrong:
+        raise BadFileError(f"{where}: misshaped tensor(s): " + "; ".join(wrong[:8]) + tail,
+                           path=where)  # fmt: skip
+
+
 def load_entries(
     model: nn.Module,
     state: Mapping[str, Tensor],
     entries: Iterable[Entry],
     *,
-    where: str,
+    where: str | os.PathLike,
     ignore: Callable[[str], bool] = lambda name: False,
 ) -> None:
     """Copy ``state``'s tensors into ``model`` as ``entries`` say, checking everything.
@@ -111,25 +157,14 @@ def load_entries(
         ignore: source names that are known to be unused (not reported as unexpected).
 
     Raises:
-        ValueError: missing, unexpected or misshaped tensors (all of a kind named at once), or
-            a model parameter no entry fills (a converter bug, named too).
+        qkv.data.files.BadFileError (a ValueError): missing, unexpected or misshaped tensors
+            (see :func:`check_entries`).
+        ValueError: a model parameter no entry fills, or an entry naming a parameter the
+            model lacks (a converter bug, named too).
     """
     entries = list(entries)
-    missing = [e.source for e in entries if e.source not in state]
-    if missing:
-        raise ValueError(f"{where}: missing tensor(s) {_names(missing)}")
-    used = {e.source for e in entries}
-    unexpected = [k for k in state if k not in used and not ignore(k)]
-    if unexpected:
-        raise ValueError(f"{where}: unexpected tensor(s) {_names(unexpected)}")
-    wrong = [
-        f"{e.source!r} has shape {tuple(state[e.source].shape)}, expected {e.shape}"
-        for e in entries
-        if tuple(state[e.source].shape) != tuple(e.shape)
-    ]
-    if wrong:
-        raise ValueError(f"{where}: misshaped tensor(s): " + "; ".join(wrong[:8]))
-
+    check_entries({k: tuple(v.shape) for k, v in state.items()}, entries, where=where,
+                  ignore=ignore)  # fmt: skip
     params = model.state_dict()
     new: dict[str, Tensor] = {}
     for e in entries:
