@@ -5,6 +5,13 @@ text trains a GPT-2-style :class:`~qkv.models.DecoderLM`. The run folder (``--ou
 the checkpoints (``best``, ``last``), ``metrics.jsonl``, ``loss.png`` and ``data.json`` (the
 data spec, for ``qkv eval``). The settings are described in :mod:`qkv.train.spec`; building
 and running the model is :mod:`qkv.train.runs`.
+
+Under ``torchrun`` the same command trains data-parallel: each process starts the process
+group (gloo on CPU, NCCL with ``--device cuda``, each rank on ``cuda:LOCAL_RANK``), builds the
+same seeded model and data, and trains on its share of every global batch, with DDP or, with
+``--fsdp``, FSDP2. Rank 0 alone prints and writes the run folder::
+
+    torchrun --nproc-per-node 2 -m qkv train dates --steps 800 --out runs/dates
 """
 
 from __future__ import annotations
@@ -15,8 +22,17 @@ from typing import Annotated, Any
 import torch
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from qkv.cli.common import fail, metrics_line
+from qkv.distributed.data_parallel import (
+    barrier,
+    current_world,
+    init_distributed,
+    is_peer_failure,
+    launched,
+    shutdown,
+)
 from qkv.train.runs import build_model, build_train_config, make_tokenizers, run_training
 from qkv.train.spec import DATA_FILE, DataSpec, load_dataset, read_spec_toml
 
@@ -41,9 +57,9 @@ def command(
         "--out", help="The run folder (default runs/<task or file name>); must not hold a run.",
     )] = None,
     steps: Annotated[int | None, typer.Option("--steps", help="Optimizer steps.")] = None,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Examples per step.")] = (
-        None
-    ),
+    batch_size: Annotated[int | None, typer.Option(
+        "--batch-size", help="Examples per step (in all, under torchrun).",
+    )] = None,
     lr: Annotated[float | None, typer.Option("--lr", help="Peak learning rate.")] = None,
     eval_every: Annotated[int | None, typer.Option(
         "--eval-every", help="Validate every this many steps.",
@@ -61,60 +77,104 @@ def command(
     threads: Annotated[int | None, typer.Option(
         "--threads", min=1, help="CPU threads for torch (default: torch's own).",
     )] = None,
+    fsdp: Annotated[bool, typer.Option(
+        "--fsdp", help="Under torchrun: shard weights, gradients and optimizer state (FSDP2) "
+        "instead of a replica per process (DDP).",
+    )] = False,
 ) -> None:
     """Train a transformer from scratch: a synthetic task, a TSV of pairs, or any text.
 
     Tasks and TSV pairs train an encoder-decoder; text trains a GPT-2-style language model.
     --out receives the checkpoints, metrics.jsonl, loss.png and data.json (for qkv eval).
     The test metrics follow: exact match, BLEU, chrF (loss and perplexity for text).
-    Options win over the --config file.
+    Options win over the --config file. Under torchrun it trains data-parallel (--fsdp: sharded);
+    --batch-size stays the global batch and --seed gives the same weights as one process.
 
     [bold]Example:[/bold] qkv train dates --steps 800 --out runs/dates
+
+    [bold]On 2 processes:[/bold] torchrun --nproc-per-node 2 -m qkv train dates --out runs/dates
     """
     console = Console(highlight=False, soft_wrap=True)
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        if max_seconds is not None and max_seconds <= 0:
-            raise ValueError(f"--max-seconds must be > 0, got {max_seconds}")
-        tables = read_spec_toml(config) if config is not None else {"train": {}, "data": {},
-                                                                  "model": {}}  # fmt: skip
-        try:
-            spec = DataSpec.build(tables["data"], task=task, pairs=pairs, text=text, seed=seed)
-            if seed is None and "seed" not in tables["data"] and "seed" in tables["train"]:
-                spec = DataSpec(**{**spec.to_json(), "seed": tables["train"]["seed"]})
-            run_dir = out if out is not None else Path("runs") / Path(spec.source).stem
-            options = dict(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every,
-                           seed=seed, device=device, run_dir=str(run_dir))  # fmt: skip
-            train_config = build_train_config(spec.kind, tables["train"], options)
-        except ValueError as err:
-            raise ValueError(f"{config}: {err}" if config is not None else err) from None
-        if (run_dir / "last").exists() or (run_dir / DATA_FILE).exists():
-            raise ValueError(f"--out {run_dir} already holds a run; choose another folder")
-        data = load_dataset(spec)
-        toks = make_tokenizers(spec, data)
-        vocab = {role: tok.vocab_size for role, tok in toks.items()}
-        try:
-            model = build_model(spec.kind, tables["model"], dict(d_model=d_model, layers=layers,
-                                heads=heads), vocab, train_config.block_size)  # fmt: skip
-        except ValueError as err:
-            raise ValueError(f"{config}: [model] {err}" if config is not None else err) from None
-        console.print(f"[bold]qkv train[/bold] {spec.kind} {spec.source}: "
-                      f"{type(model).__name__}, {model.num_parameters():,} parameters, "
-                      f"{train_config.steps:,} steps → {run_dir}")  # fmt: skip
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(run_dir / DATA_FILE, spec.to_json())
-        done = run_training(spec, data, toks, model, train_config, max_seconds=max_seconds,
-                            log=console.print)  # fmt: skip
-    except (ValueError, TypeError, FileNotFoundError, ImportError, OSError) as err:
-        raise fail(err) from None
+        done, spec, run_dir, world = _train(
+            console, task, text, pairs, config, out, steps, batch_size, lr, eval_every, d_model,
+            layers, heads, seed, max_seconds, device, fsdp,
+        )  # fmt: skip
+    except (ValueError, TypeError, FileNotFoundError, ImportError, OSError, FloatingPointError,
+            RuntimeError) as err:  # fmt: skip
+        if isinstance(err, RuntimeError) and not is_peer_failure(err):
+            raise  # a bug, not an expected failure: keep its traceback
+        world, message = current_world(), str(err)  # "rank r of N: ..." in a data-parallel run
+        parallel = world.parallel and not message.startswith(str(world))
+        raise fail(f"{world}: {message}" if parallel else err) from None
+    finally:
+        if launched():
+            shutdown()
+    if not world.is_zero:
+        return
     result, test = done["result"], done["test"]
     console.print(f"trained {result.steps:,} steps in {result.seconds:.1f} s "
-                  f"({result.tokens_per_second:,.0f} tokens/s)")  # fmt: skip
+                  f"({result.tokens_per_second:,.0f} tokens/s"
+                  f"{f' on {world.size} processes' if world.parallel else ''})")  # fmt: skip
     console.print(f"{done['split']}: " + metrics_line(test))
-    console.print(f"checkpoint: {run_dir / 'best'}")
+    console.print(f"checkpoint: {run_dir / 'best'}", markup=False)
     if spec.kind != "text":
-        console.print(f"next: qkv translate {run_dir} \"...\"   or   qkv eval {run_dir}")
+        console.print(f"next: qkv translate {run_dir} \"...\"   or   qkv eval {run_dir}",
+                      markup=False)
+
+
+def _train(console, task, text, pairs, config, out, steps, batch_size, lr, eval_every, d_model,
+           layers, heads, seed, max_seconds, device, fsdp):  # fmt: skip
+    """Build the run and train it; ``(run_training's result, spec, run folder, world)``."""
+    if max_seconds is not None and max_seconds <= 0:
+        raise ValueError(f"--max-seconds must be > 0, got {max_seconds}")
+    tables = read_spec_toml(config) if config is not None else {"train": {}, "data": {},
+                                                              "model": {}}  # fmt: skip
+    try:
+        spec = DataSpec.build(tables["data"], task=task, pairs=pairs, text=text, seed=seed)
+        if seed is None and "seed" not in tables["data"] and "seed" in tables["train"]:
+            spec = DataSpec(**{**spec.to_json(), "seed": tables["train"]["seed"]})
+        run_dir = out if out is not None else Path("runs") / Path(spec.source).stem
+        options = dict(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every,
+                       seed=seed, device=device, fsdp=fsdp or None,
+                       run_dir=str(run_dir))  # fmt: skip
+        train_config = build_train_config(spec.kind, tables["train"], options)
+    except ValueError as err:
+        raise ValueError(f"{config}: {err}" if config is not None else err) from None
+    # under torchrun: join the process group (a no-op for a single process)
+    world = init_distributed(train_config.device)
+    say = console.print if world.is_zero else _quiet
+    if (run_dir / "last").exists() or (run_dir / DATA_FILE).exists():
+        raise ValueError(f"--out {run_dir} already holds a run; choose another folder")
+    barrier()  # every rank has looked before rank 0 writes
+    data = load_dataset(spec)
+    toks = make_tokenizers(spec, data)
+    vocab = {role: tok.vocab_size for role, tok in toks.items()}
+    try:
+        # seeded right before the weights are drawn: one seed, one initial model
+        model = build_model(spec.kind, tables["model"], dict(d_model=d_model, layers=layers,
+                            heads=heads), vocab, train_config.block_size,
+                            seed=train_config.seed)  # fmt: skip
+    except ValueError as err:
+        raise ValueError(f"{config}: [model] {err}" if config is not None else err) from None
+    # user text (paths, a corpus name) is escaped: "[" in it is not rich markup
+    say(f"[bold]qkv train[/bold] {spec.kind} {escape(str(spec.source))}: "
+        f"{type(model).__name__}, {model.num_parameters():,} parameters, "
+        f"{train_config.steps:,} steps → {escape(str(run_dir))}"
+        + (f" ({world.size} processes, {'FSDP' if train_config.fsdp else 'DDP'})"
+           if world.parallel else ""))  # fmt: skip
+    if world.is_zero:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(run_dir / DATA_FILE, spec.to_json())
+    done = run_training(spec, data, toks, model, train_config, max_seconds=max_seconds,
+                        log=say)  # fmt: skip
+    return done, spec, run_dir, world
+
+
+def _quiet(*args: Any, **kwargs: Any) -> None:
+    """Ranks other than 0 print nothing."""
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

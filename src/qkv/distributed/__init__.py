@@ -8,6 +8,10 @@ Context parallelism (the sequence split across ranks):
 * :func:`shard_sequence` / :func:`gather_sequence` / :func:`sequence_positions`: the layout;
 * :func:`context_parallel`: run a model (``DecoderLM``, ``Encoder``) with its sequence
   sharded; :func:`explain` says which method serves a call and what each rank sends.
+
+Data parallelism (what ``qkv.train`` uses under ``torchrun``): :func:`init_distributed`,
+:class:`World`, :func:`wrap_ddp`, :func:`shard_fsdp` (FSDP2), batch shares, reductions, full
+state dicts gathered for checkpoints, :class:`PeerError` when another rank fails.
 """
 
 from qkv.distributed.context import (
@@ -16,6 +20,27 @@ from qkv.distributed.context import (
     choose_method,
     context_parallel,
     explain,
+)
+from qkv.distributed.data_parallel import (
+    PeerError,
+    World,
+    all_gather_json,
+    all_reduce_sum,
+    barrier,
+    current_world,
+    init_distributed,
+    launched,
+    share,
+    shutdown,
+    slice_rows,
+)
+from qkv.distributed.dp_model import (
+    full_model_state,
+    full_optimizer_state,
+    gradient_sync,
+    load_optimizer_state,
+    shard_fsdp,
+    wrap_ddp,
 )
 from qkv.distributed.layout import (
     chunk_bounds,
@@ -29,13 +54,30 @@ from qkv.distributed.ulysses import all_to_all_attention
 __all__ = [
     "ContextParallel",
     "Explanation",
+    "PeerError",
+    "World",
+    "all_gather_json",
+    "all_reduce_sum",
     "all_to_all_attention",
+    "barrier",
     "choose_method",
     "chunk_bounds",
     "context_parallel",
+    "current_world",
     "explain",
+    "full_model_state",
+    "full_optimizer_state",
     "gather_sequence",
+    "gradient_sync",
+    "init_distributed",
+    "launched",
+    "load_optimizer_state",
     "ring_attention",
     "sequence_positions",
+    "shard_fsdp",
     "shard_sequence",
+    "share",
+    "shutdown",
+    "slice_rows",
+    "wrap_ddp",
 ]

@@ -10,6 +10,10 @@
   atomically, loaded without pickle (the format is :mod:`qkv.checkpoint`, shared with
   :mod:`qkv.pretrained`); a run keeps ``<run_dir>/last`` (resumable) and ``<run_dir>/best``,
   appends to ``<run_dir>/metrics.jsonl`` and draws ``loss.png``.
+* Data parallelism (:mod:`~qkv.train.parallel`): under ``torchrun`` (any initialised process
+  group of several ranks) :func:`fit`, :func:`train_lm` and :func:`train_seq2seq` train with
+  DDP, or FSDP2 with ``TrainConfig(fsdp=True)``, and equal one process with the same seed and
+  global batch; checkpoints keep one format and resume on any number of processes.
 * :mod:`~qkv.train.spec` and :mod:`~qkv.train.runs`: what ``qkv train`` / ``qkv eval`` do, as
   functions: the run spec (data source, TOML tables), building the model and config, training
   and testing, reading a finished run back.

@@ -4,6 +4,10 @@
 (:func:`~qkv.data.lm_batches`, nanoGPT style, seed ``config.seed + epoch``) and minimises
 next-token cross-entropy; :func:`evaluate_lm` walks the validation stream in consecutive
 windows, so its numbers do not depend on a seed.
+
+Under ``torchrun`` (an initialised process group of several ranks) :func:`train_lm` trains
+data-parallel (:mod:`qkv.train.parallel`), and its evaluations split the windows across the
+ranks and add up their sums (``evaluate_lm(..., distributed=True)``).
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ from torch import Tensor, nn
 
 from qkv.data.batching import LMBatch, lm_batches
 from qkv.data.tokenizers import Tokenizer
+from qkv.distributed.data_parallel import all_reduce_sum, current_world, share, slice_rows
 from qkv.train.config import TrainConfig
 from qkv.train.loop import Callback, Job, TrainResult, fit
 from qkv.train.losses import token_loss
 from qkv.train.metrics import perplexity
+from qkv.train.parallel import train_device
 
 __all__ = ["LM_METRICS", "evaluate_lm", "train_lm"]
 
@@ -59,6 +65,7 @@ def evaluate_lm(
     block_size: int,
     batch_size: int = 16,
     max_batches: int | None = None,
+    distributed: bool = False,
 ) -> dict[str, float]:
     """Loss, perplexity and next-token accuracy of ``model`` on a token stream.
 
@@ -68,6 +75,9 @@ def evaluate_lm(
         block_size: window length ``T``.
         batch_size: windows per batch.
         max_batches: evaluate at most this many batches (None = the whole stream).
+        distributed: every rank of the initialised process group calls this with the same
+            arguments; each evaluates its share of the rows of every batch and the sums are
+            added across ranks, so every rank returns the numbers of the whole stream.
 
     Returns:
         ``{"loss", "perplexity", "token_accuracy"}`` (loss = mean nats per token).
@@ -79,6 +89,7 @@ def evaluate_lm(
     stream = _stream("ids", ids, block_size, vocab)
     device = next(iter(model.parameters())).device
     was_training = model.training
+    world = current_world() if distributed else None
     model.eval()
     nll, tokens, correct = 0.0, 0, 0
     try:
@@ -86,6 +97,10 @@ def evaluate_lm(
             for k, batch in enumerate(_windows(stream, block_size, batch_size)):
                 if max_batches is not None and k >= max_batches:
                     break
+                if world is not None:  # this rank's rows of the batch
+                    batch = slice_rows(batch, share(len(batch.inputs), world.rank, world.size))
+                    if not len(batch.inputs):
+                        continue
                 batch = batch.to(device)
                 parts = token_loss(model(batch.inputs), batch.targets, pad_id=None)
                 nll += parts.nll_sum
@@ -93,6 +108,9 @@ def evaluate_lm(
                 correct += parts.correct
     finally:
         model.train(was_training)
+    if world is not None:
+        nll, tokens, correct = all_reduce_sum([nll, tokens, correct])
+        tokens, correct = round(tokens), round(correct)  # counts, exact in float64
     return {
         "loss": nll / tokens,
         "perplexity": perplexity(nll, tokens),
@@ -112,8 +130,14 @@ def train_lm(
 ) -> TrainResult:
     """Train a decoder-only language model on the token stream ``ids``.
 
+    Under ``torchrun`` every rank calls this with the same arguments and the run is
+    data-parallel (see :func:`~qkv.train.loop.fit`): ``config.batch_size`` stays the global
+    batch, each rank trains on its share, and the weights equal one process's.
+
     Args:
-        model: e.g. :class:`qkv.models.DecoderLM`.
+        model: e.g. :class:`qkv.models.DecoderLM`; seed (:func:`~qkv.train.seed_everything`)
+            before building it for reproducible initial weights (in a data-parallel run every
+            rank starts from rank 0's).
         ids: ``(N,)`` training stream.
         config: :class:`TrainConfig` (``batch_size`` windows of ``block_size`` tokens;
             ``metric`` one of :data:`LM_METRICS`).
@@ -137,7 +161,8 @@ def train_lm(
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     stream = _stream("ids", ids, config.block_size, vocab)
     valid = None if valid_ids is None else _stream("valid_ids", valid_ids, config.block_size, vocab)
-    device, batch_size = config.device, config.batch_size
+    device, batch_size = train_device(config), config.batch_size
+    distributed = current_world().parallel
 
     def epoch_batches(epoch: int) -> Iterator[LMBatch]:
         return lm_batches(stream, config.block_size, batch_size, seed=config.seed + epoch)
@@ -150,7 +175,7 @@ def train_lm(
     def evaluate() -> dict[str, float]:
         assert valid is not None
         return evaluate_lm(model, valid, block_size=config.block_size, batch_size=batch_size,
-                           max_batches=config.eval_batches)  # fmt: skip
+                           max_batches=config.eval_batches, distributed=distributed)  # fmt: skip
 
     job = Job(
         model=model, epoch_batches=epoch_batches, batch_tokens=lambda b: b.targets.numel(),

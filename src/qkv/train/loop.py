@@ -10,6 +10,10 @@ the data position (epoch, batches used), the RNG states behind dropout, the earl
 counters and the loss history. The RNG states are snapshotted at the end of every step, and
 evaluation runs inside :func:`torch.random.fork_rng`, so an evaluation or an interruption
 never shifts the random numbers of later steps.
+
+Data parallelism needs no change here: under ``torchrun`` (or any initialised process group
+of several ranks) each rank trains on its share of the same global batch, with DDP or FSDP2,
+and the run equals one process with the same seed and batch (:mod:`qkv.train.parallel`).
 """
 
 from __future__ import annotations
@@ -28,13 +32,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from qkv.checkpoint import load_checkpoint, save_checkpoint
+from qkv.checkpoint import load_checkpoint
 from qkv.data.tokenizers import Tokenizer
+from qkv.distributed.data_parallel import PeerError, is_peer_failure
 from qkv.train.config import TrainConfig
 from qkv.train.losses import LossParts
+from qkv.train.parallel import Ranks, Shard
 from qkv.train.progress import MetricsLog, ProgressBar, plot_loss_curve
-from qkv.train.schedules import lr_at, make_optimizer
-from qkv.train.state import get_rng, set_rng
+from qkv.train.schedules import lr_at
+from qkv.train.state import set_rng
 
 __all__ = ["Callback", "Job", "TrainResult", "fit"]
 
@@ -50,12 +56,20 @@ class Job:
     Attributes:
         model: the module; ``job.loss`` calls it.
         epoch_batches: ``epoch -> batches`` of that epoch, the same every time it is called
-            with the same epoch (so a resumed run can skip to where it stopped).
+            with the same epoch (so a resumed run can skip to where it stopped, and every
+            rank of a data-parallel run draws the same global batches): seed from the epoch,
+            never from the global random generators.
         batch_tokens: ``batch -> int``, the target tokens the loss of ``batch`` sums over.
         loss: ``(model, batch) -> LossParts``.
-        evaluate: ``() -> {metric: float}`` on validation data, or None.
+        evaluate: ``() -> {metric: float}`` on validation data, or None. In a data-parallel
+            run every rank calls it (with ``model`` holding the current weights) and it must
+            return the same numbers on each, e.g. by splitting the data and reducing the sums
+            (as :func:`~qkv.train.evaluate_lm` with ``distributed=True`` does).
         metrics: the names ``evaluate`` returns (checked against ``config.metric`` up front).
         tokenizers: saved with every checkpoint, ``{role: tokenizer}``.
+        shard: ``(batch, rank, world_size) -> that rank's part, or None when it has no rows``,
+            for a data-parallel run; None = contiguous rows of every tensor in the batch (a
+            tensor, or a dataclass, tuple, list or dict of tensors, first dimension ``B``).
     """
 
     model: nn.Module
@@ -65,6 +79,7 @@ class Job:
     evaluate: Callable[[], dict[str, float]] | None = None
     metrics: tuple[str, ...] = ()
     tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
+    shard: Shard | None = None
 
 
 @dataclass(frozen=True)
@@ -74,7 +89,8 @@ class TrainResult:
     Attributes:
         steps: optimizer steps completed (including those before a resume).
         history: one ``{"step", "loss", "lr", "tokens"}`` per step; ``loss`` is the mean
-            (label-smoothed) training loss per target token.
+            (label-smoothed) training loss per target token (of the global batch, in a
+            data-parallel run).
         evals: one ``{"step", <metric>: value, ...}`` per evaluation.
         best_metric, best_step: the best value of ``config.metric`` and its step (None
             without validation data).
@@ -157,22 +173,31 @@ def fit(
         config: the :class:`TrainConfig`.
         callbacks: functions called after every step and evaluation (see :data:`Callback`).
         resume: None/False = start fresh (seeded by ``config.seed``); True = continue from
-            ``<run_dir>/last``; a path = continue from that checkpoint folder.
+            ``<run_dir>/last``; a path = continue from that checkpoint folder (written by
+            any number of processes).
+
+    With an initialised process group of several ranks, every rank calls :func:`fit` with
+    the same arguments; each trains on its share of every batch (DDP, or FSDP2 with
+    ``config.fsdp``), rank 0 alone shows progress and writes files, and ``job.model`` holds
+    the trained weights on every rank at the end (:mod:`qkv.train.parallel`). Callbacks run
+    on every rank; the run stops when one of them asks on any rank.
 
     Returns:
         a :class:`TrainResult`.
 
     Raises:
-        KeyboardInterrupt: re-raised after ``<run_dir>/last`` is written (Ctrl-C).
+        KeyboardInterrupt: re-raised after ``<run_dir>/last`` is written (Ctrl-C; a
+            data-parallel run keeps its last periodic checkpoint instead).
         FloatingPointError: a non-finite loss or gradient norm (the step is not applied).
         FileNotFoundError / CheckpointError: a checkpoint to resume from is missing or bad.
         ValueError: ``config.metric`` not among the evaluation's metrics, patience without
             validation data, or no training batches.
+        PeerError: data-parallel: another rank failed (its own error says why) or timed out.
     """
     start = time.perf_counter()
-    model = job.model.to(config.device)
+    ranks = Ranks(job.model, config)
+    model = ranks.model
     run_dir = Path(config.run_dir) if config.run_dir else None
-    optimizer = make_optimizer(model, config)
     autocast = _autocast(config)
     if config.patience is not None and job.evaluate is None:
         raise ValueError(f"patience={config.patience} needs validation data, got none")
@@ -180,16 +205,20 @@ def fit(
         raise ValueError(
             f"config.metric={config.metric!r} is not measured here; choose one of {job.metrics}"
         )
-    # 1) start fresh (seeded), or restore a checkpoint: weights, optimizer, data position, RNG
+    # 1) start fresh (seeded), or restore a checkpoint: weights, optimizer, data position, RNG;
+    #    then, with several ranks, wrap the model (DDP or FSDP2) starting from rank 0's weights
     state = _State()
     if resume:
-        state = _restore(_resume_path(resume, run_dir), job, optimizer)
+        state = _restore(_resume_path(resume, run_dir), ranks)
     else:
         seed_everything(config.seed)
-    rng = get_rng()
+        ranks.seed_rank(config.seed)
+    ranks.start()
+    rng = ranks.snapshot()
     data = _Cursor(job.epoch_batches, state.epoch, state.batch)
-    log = MetricsLog(run_dir)
-    bar = ProgressBar(config.steps, initial=state.step, enabled=config.progress,
+    main = ranks.world.is_zero  # rank 0 alone prints and writes
+    log = MetricsLog(run_dir if main else None)
+    bar = ProgressBar(config.steps, initial=state.step, enabled=config.progress and main,
                       log_every=config.log_every)  # fmt: skip
 
     def save(name: str, training: bool) -> None:
@@ -197,15 +226,14 @@ def fit(
             return
         info = {"step": state.step, "metrics": state.evals[-1] if state.evals else {}}
         if not training:  # ``best``: weights and tokenizers, for inference
-            save_checkpoint(run_dir / name, model, tokenizers=job.tokenizers, info=info)
+            ranks.save(run_dir / name, state.step, tokenizers=job.tokenizers, info=info)
             return
         train_state = {**asdict(state), "rng": rng[0], "config": config.to_dict()}
-        save_checkpoint(
-            run_dir / name, model, tokenizers=job.tokenizers, optimizer=optimizer,
-            train_state=train_state, train_tensors=rng[1], info=info,
-        )  # fmt: skip
+        ranks.save(run_dir / name, state.step, tokenizers=job.tokenizers, info=info,
+                   train_state=train_state, rng=rng[1])  # fmt: skip
 
     def evaluate() -> None:
+        ranks.sync(state.step)
         metrics = _evaluate(job, model, autocast, config.metric)
         record = {"step": state.step, **metrics}
         state.evals.append(record)
@@ -223,12 +251,12 @@ def fit(
             if config.patience is not None and state.bad_evals >= config.patience:
                 state.stopped = "early_stopping"
         save("last", training=True)
-        if _call(callbacks, {"event": "eval", **record}):
+        if ranks.agree(_call(callbacks, {"event": "eval", **record})):
             state.stopped = "callback"
 
     train_seconds, train_tokens = 0.0, 0
     window_tokens, window_start = 0, time.perf_counter()
-    model.train()
+    ranks.train_model.train()
     try:
         while state.step < config.steps and state.stopped is None:
             step_start = time.perf_counter()
@@ -238,35 +266,43 @@ def fit(
             tokens = sum(job.batch_tokens(b) for b in micro)
             # 3) the learning rate: a pure function of the step, so nothing to restore
             lr = lr_at(step, config)
-            for group in optimizer.param_groups:
+            for group in ranks.train_optimizer.param_groups:
                 group["lr"] = lr
-            # 4) forward and backward; each summed loss is divided by the whole step's tokens,
-            #    so accumulating k micro-batches equals one batch k times larger
+            ranks.release()  # FSDP: the caller's module lends its memory until the next sync
+            # 4) forward and backward on this rank's share of each micro-batch (all of it with
+            #    one process); each summed loss is divided by the whole step's tokens (and
+            #    weighted by the world size, as ranks average their gradients), so k
+            #    micro-batches equal one batch k times larger and N ranks equal one process
             loss_sum = 0.0
-            for batch in micro:
-                with autocast:
-                    parts = job.loss(model, batch)
-                if not torch.isfinite(parts.loss_sum):
-                    value = float(parts.loss_sum.detach())
-                    raise FloatingPointError(
-                        f"training loss is {value} at step {step}; try a lower lr (now "
-                        f"{lr:.3g}), a longer warm-up or gradient clipping"
-                    )
-                (parts.loss_sum / tokens).backward()
-                loss_sum += float(parts.loss_sum.detach())
+            for i, batch in enumerate(micro):
+                part, weight = ranks.share(batch, job.shard)
+                with ranks.gradient_sync(i == len(micro) - 1):
+                    with autocast:
+                        parts = job.loss(ranks.train_model, part)
+                    (parts.loss_sum * weight / tokens).backward()
+                if weight:
+                    loss_sum += float(parts.loss_sum.detach())
+            (loss_sum,) = ranks.reduce(loss_sum)
+            if not math.isfinite(loss_sum):
+                raise FloatingPointError(
+                    f"training loss is {loss_sum} at step {step}; try a lower lr (now "
+                    f"{lr:.3g}), a longer warm-up or gradient clipping"
+                )
             # 5) clip the global gradient norm
             if config.clip is not None:
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip)
+                params = ranks.train_model.parameters()
+                norm = torch.nn.utils.clip_grad_norm_(params, config.clip)
+                norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP
                 if not torch.isfinite(norm):
                     raise FloatingPointError(f"gradient norm is {float(norm)} at step {step}")
             # 6) update the weights and clear the gradients
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            ranks.train_optimizer.step()
+            ranks.train_optimizer.zero_grad(set_to_none=True)
             # 7) record the step and snapshot what a resume needs (data position, RNG)
             state.step, state.epoch, state.batch = step, data.epoch, data.batch
             state.history.append({"step": step, "loss": loss_sum / tokens, "lr": lr,
                                   "tokens": tokens})  # fmt: skip
-            rng = get_rng()
+            rng = ranks.snapshot()
             train_seconds += time.perf_counter() - step_start
             train_tokens += tokens
             # 8) progress on screen; every log_every steps a record in metrics.jsonl
@@ -278,8 +314,8 @@ def fit(
                 log.append({"split": "train", "step": step, "lr": lr, "tokens_per_s": speed,
                             "loss": sum(h["loss"] for h in recent) / len(recent)})  # fmt: skip
                 window_tokens, window_start = 0, time.perf_counter()
-            # 9) callbacks; one returning True ends the run after this step
-            if _call(callbacks, {"event": "step", **state.history[-1]}):
+            # 9) callbacks; one returning True (on any rank) ends the run after this step
+            if ranks.agree(_call(callbacks, {"event": "step", **state.history[-1]})):
                 state.stopped = "callback"
             # 10) evaluate every eval_every steps: best checkpoint, early stopping
             if job.evaluate is not None and config.eval_every and step % config.eval_every == 0:
@@ -291,15 +327,25 @@ def fit(
         if job.evaluate is not None and (not state.evals or state.evals[-1]["step"] != state.step):
             evaluate()
         save("last", training=True)
+        ranks.finish(state.step)
     except KeyboardInterrupt:
-        if run_dir is not None:
+        # ranks may be anywhere: a data-parallel run cannot gather a checkpoint now
+        if run_dir is not None and not ranks.parallel:
             save("last", training=True)
             bar.message(f"interrupted: checkpoint of step {state.step} in {run_dir / 'last'}")
+        raise
+    except Exception as err:
+        if ranks.parallel and is_peer_failure(err):
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise PeerError(
+                f"{ranks.world}: lost the other ranks at step {state.step + 1}: one of them "
+                f"failed (its own error says why) or did not answer in time ({first})"
+            ) from err
         raise
     finally:
         bar.close()
     # 13) the loss curve
-    if run_dir is not None and config.plot and state.history:
+    if main and run_dir is not None and config.plot and state.history:
         try:
             plot_loss_curve(state.history, state.evals, run_dir / "loss.png")
         except ImportError as err:
@@ -353,8 +399,10 @@ def _resume_path(resume: bool | str | Path, run_dir: Path | None) -> Path:
     return path
 
 
-def _restore(path: Path, job: Job, optimizer: torch.optim.Optimizer) -> _State:
-    ckpt = load_checkpoint(path, job.model, optimizer=optimizer)
+def _restore(path: Path, ranks: Ranks) -> _State:
+    """Load ``path`` into the module and optimizer (every rank reads it) and restore the
+    random states: rank 0's for all, then each other rank's own when saved."""
+    ckpt = load_checkpoint(path, ranks.model, optimizer=ranks.optimizer)
     saved = ckpt.train_state
     if saved is None:
         raise ValueError(f"{path}: a model-only checkpoint (no training state) cannot resume")
@@ -362,4 +410,5 @@ def _restore(path: Path, job: Job, optimizer: torch.optim.Optimizer) -> _State:
     state = _State(**{k: v for k, v in saved.items() if k in names})
     state.stopped = None  # resuming a run that stopped (callback, early stopping) continues it
     set_rng(saved.get("rng", {}), ckpt.train_tensors, str(path / "train_state.json"))
+    ranks.restore_rank_rng(ckpt.train_tensors, ranks.config.seed, state.step)
     return state

@@ -19,10 +19,12 @@ from typing import Any
 
 from qkv.checkpoint import load_checkpoint
 from qkv.data import CharTokenizer
+from qkv.distributed.data_parallel import current_world
 from qkv.generate import is_seq2seq
 from qkv.models import DecoderLM, DecoderLMConfig, Seq2SeqConfig, Seq2SeqTransformer
 from qkv.train.config import TrainConfig
 from qkv.train.lm import evaluate_lm, train_lm
+from qkv.train.loop import seed_everything
 from qkv.train.recipes import StopWhen
 from qkv.train.seq2seq import evaluate_seq2seq, train_seq2seq
 from qkv.train.spec import Dataset, DataSpec, read_data_spec
@@ -66,7 +68,7 @@ def build_train_config(kind: str, table: dict[str, Any], options: dict[str, Any]
 
 
 def build_model(kind: str, table: dict[str, Any], options: dict[str, Any], vocab: dict[str, int],
-                block_size: int):  # fmt: skip
+                block_size: int, *, seed: int | None = None):  # fmt: skip
     """The model: ``[model]`` keys over the defaults, the options over both.
 
     Args:
@@ -75,6 +77,9 @@ def build_model(kind: str, table: dict[str, Any], options: dict[str, Any], vocab
         options: ``d_model``, ``layers``, ``heads`` from the command line (None = not given).
         vocab: ``{"src": V, "tgt": V}`` or ``{"text": V}``.
         block_size: the LM's window (its ``max_len``).
+        seed: :func:`~qkv.train.seed_everything` with it just before the weights are drawn,
+            so one seed always gives the same initial model; None = draw from the generators
+            as they stand.
 
     Raises:
         ValueError: an unknown key or a bad value.
@@ -85,14 +90,23 @@ def build_model(kind: str, table: dict[str, Any], options: dict[str, Any], vocab
         fields = {**LM_MODEL, "max_len": block_size, **table}
         fields.update({k: v for k, v in cli.items() if v is not None})
         base = DecoderLMConfig.gpt2_style(vocab["text"]).to_dict()
-        return DecoderLM(DecoderLMConfig.from_dict({**base, **fields, "vocab_size": vocab["text"]}))
+        config = DecoderLMConfig.from_dict({**base, **fields, "vocab_size": vocab["text"]})
+        _seed(seed)
+        return DecoderLM(config)
     cli = {"d_model": d, "num_encoder_layers": layers, "num_decoder_layers": layers,
            "num_heads": heads}  # fmt: skip
     fields = {**SEQ2SEQ_MODEL, **table}
     fields.update({k: v for k, v in cli.items() if v is not None})
     fields.setdefault("d_ff", 4 * fields["d_model"])
     fields.update(src_vocab_size=vocab["src"], tgt_vocab_size=vocab["tgt"])
-    return Seq2SeqTransformer(Seq2SeqConfig.from_dict(fields))
+    config = Seq2SeqConfig.from_dict(fields)
+    _seed(seed)
+    return Seq2SeqTransformer(config)
+
+
+def _seed(seed: int | None) -> None:
+    if seed is not None:
+        seed_everything(seed)
 
 
 def make_tokenizers(spec: DataSpec, data: Dataset) -> dict[str, Any]:
@@ -108,12 +122,15 @@ def run_training(spec: DataSpec, data: Dataset, toks: dict[str, Any], model, con
                  ) -> dict[str, Any]:  # fmt: skip
     """Train and test; returns ``{"result", "test": metrics, "split": name}``.
 
-    ``log`` receives one line about the data before training starts.
+    ``log`` receives one line about the data before training starts. Under ``torchrun``
+    every rank calls this alike: training is data-parallel, and the test split is shared
+    out across the ranks and its metrics reduced.
 
     Raises:
         ValueError, ImportError: from training and evaluation.
     """
     callbacks = [StopWhen(config.metric, None, max_seconds)] if max_seconds else []
+    distributed = current_world().parallel
     if spec.kind == "text":
         tok = toks["text"]
         ids, valid = tok.encode(data.train), tok.encode(data.valid)
@@ -122,7 +139,7 @@ def run_training(spec: DataSpec, data: Dataset, toks: dict[str, Any], model, con
         result = train_lm(model, ids, config, valid_ids=valid, tokenizer=tok, callbacks=callbacks)
         keep_best(model, result)
         test = evaluate_lm(model, valid, block_size=config.block_size,
-                           batch_size=config.batch_size or 32)  # fmt: skip
+                           batch_size=config.batch_size or 32, distributed=distributed)  # fmt: skip
         return {"result": result, "test": test, "split": "validation"}
     src_tok, tgt_tok = toks["src"], toks["tgt"]
     log(f"pairs: {len(data.train):,} training, {len(data.valid):,} validation, "
@@ -130,7 +147,8 @@ def run_training(spec: DataSpec, data: Dataset, toks: dict[str, Any], model, con
     result = train_seq2seq(model, data.train, src_tok, tgt_tok, config, valid=data.valid,
                            callbacks=callbacks)  # fmt: skip
     keep_best(model, result)
-    test = evaluate_seq2seq(model, data.test, src_tok, tgt_tok, batch_size=256)
+    test = evaluate_seq2seq(model, data.test, src_tok, tgt_tok, batch_size=256,
+                            distributed=distributed)  # fmt: skip
     return {"result": result, "test": test, "split": "test"}
 
 

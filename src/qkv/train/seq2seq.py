@@ -8,6 +8,10 @@ cross-entropy, and :func:`evaluate_seq2seq` on the validation split.
 :func:`evaluate_seq2seq` measures two things. Teacher-forced (the model sees the reference
 prefix): loss, perplexity and token accuracy. Free-running (the model decodes on its own,
 greedy or beam search): exact match, BLEU and chrF against the references.
+
+Under ``torchrun`` (an initialised process group of several ranks) :func:`train_seq2seq`
+trains data-parallel (:mod:`qkv.train.parallel`), and its evaluations split the pairs across
+the ranks, add up the sums and gather the decoded strings (``distributed=True``).
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ from torch import nn
 from qkv.data.batching import Seq2SeqBatch, bucket_batches, encode_pairs
 from qkv.data.tasks import Task
 from qkv.data.tokenizers import PAD_ID, Tokenizer
+from qkv.distributed.data_parallel import all_gather_json, all_reduce_sum, current_world, share
 from qkv.generate import translate
 from qkv.train.config import TrainConfig
 from qkv.train.loop import Callback, Job, TrainResult, fit
 from qkv.train.losses import token_loss
 from qkv.train.metrics import bleu, chrf, exact_match, perplexity
+from qkv.train.parallel import train_device
 
 __all__ = ["SEQ2SEQ_METRICS", "evaluate_seq2seq", "train_seq2seq"]
 
@@ -66,6 +72,7 @@ def evaluate_seq2seq(
     beam: int | None = None,
     alpha: float = 0.6,
     bleu_tokenize: str = "auto",
+    distributed: bool = False,
 ) -> dict[str, float]:
     """Teacher-forced and free-running metrics of ``model`` on ``pairs``.
 
@@ -80,6 +87,9 @@ def evaluate_seq2seq(
             ``"char"`` (characters), or ``"auto"``: ``"char"`` when no reference contains
             whitespace (digit strings, dates: one "word" each, where word BLEU says nothing),
             else ``"13a"``.
+        distributed: every rank of the initialised process group calls this with the same
+            arguments; each scores and decodes its share of the pairs, the sums are added
+            and the decoded strings gathered, so every rank returns the numbers of all pairs.
 
     Returns:
         ``{"loss", "perplexity", "token_accuracy", "exact_match", "bleu", "chrf"}``; loss is
@@ -94,25 +104,35 @@ def evaluate_seq2seq(
     if not pairs:
         raise ValueError("pairs must hold at least one (source, reference) pair, got none")
     _check_fit(model, src_tok, tgt_tok)
+    world = current_world() if distributed else None
+    mine = pairs if world is None else pairs[share(len(pairs), world.rank, world.size)]
     was_training = model.training
     model.eval()
+    nll = tokens = correct = 0
+    hyps: list[str] = []
     try:
         device = next(iter(model.parameters())).device
-        nll = tokens = correct = 0
         # 1) teacher forcing: loss and token accuracy given the reference prefix
-        examples = encode_pairs(pairs, src_tok, tgt_tok)
+        examples = encode_pairs(mine, src_tok, tgt_tok)
         with torch.no_grad():
-            for batch in bucket_batches(examples, batch_size=batch_size, shuffle=False):
+            batches = bucket_batches(examples, batch_size=batch_size, shuffle=False) if mine else []
+            for batch in batches:
                 batch = batch.to(device)
                 parts = token_loss(model(batch.src, batch.tgt_in), batch.tgt_out, pad_id=PAD_ID)
                 nll += parts.nll_sum
                 tokens += parts.tokens
                 correct += parts.correct
         # 2) free running: the model's own decoding against the references
-        hyps = translate(model, [s for s, _ in pairs], src_tok, tgt_tok, batch_size=batch_size,
-                         beam_size=beam, alpha=alpha)  # fmt: skip
+        if mine:
+            hyps = translate(model, [s for s, _ in mine], src_tok, tgt_tok,
+                             batch_size=batch_size, beam_size=beam, alpha=alpha)  # fmt: skip
     finally:
         model.train(was_training)
+    # 3) in a data-parallel evaluation: the sums of all ranks, the strings in pair order
+    if world is not None:
+        nll, tokens, correct = all_reduce_sum([nll, tokens, correct])
+        tokens, correct = round(tokens), round(correct)  # counts, exact in float64
+        hyps = [h for part in all_gather_json(hyps) for h in part]
     refs = [t for _, t in pairs]
     if bleu_tokenize == "auto":
         bleu_tokenize = "13a" if any(any(c.isspace() for c in r) for r in refs) else "char"
@@ -139,9 +159,15 @@ def train_seq2seq(
 ) -> TrainResult:
     """Train an encoder-decoder model on string pairs.
 
+    Under ``torchrun`` every rank calls this with the same arguments and the run is
+    data-parallel (see :func:`~qkv.train.loop.fit`): ``config.batch_size`` (or
+    ``batch_tokens``) stays the global batch, each rank trains on its share of every batch,
+    and the weights equal one process's.
+
     Args:
         model: e.g. :class:`qkv.models.Seq2SeqTransformer` (its vocabularies must hold the
-            tokenizers', and its ``pad_id`` be 0).
+            tokenizers', and its ``pad_id`` be 0); seed before building it for reproducible
+            initial weights (in a data-parallel run every rank starts from rank 0's).
         data: a :class:`~qkv.data.Task` (trains on ``train``, validates on ``valid``) or a
             list of ``(source, target)`` pairs.
         src_tok: tokenizer of the sources.
@@ -171,7 +197,8 @@ def train_seq2seq(
     _check_fit(model, src_tok, tgt_tok)
     valid = _as_pairs("valid", valid)[: config.eval_examples] if valid else None
     examples = encode_pairs(train_pairs, src_tok, tgt_tok)
-    device = config.device
+    device = train_device(config)
+    distributed = current_world().parallel
     sizes = {"batch_size": config.batch_size, "batch_tokens": config.batch_tokens}
 
     def epoch_batches(epoch: int) -> list[Seq2SeqBatch]:
@@ -185,7 +212,8 @@ def train_seq2seq(
 
     def evaluate() -> dict[str, float]:
         assert valid is not None
-        return evaluate_seq2seq(model, valid, src_tok, tgt_tok, batch_size=config.batch_size or 64)
+        return evaluate_seq2seq(model, valid, src_tok, tgt_tok, batch_size=config.batch_size or 64,
+                                distributed=distributed)  # fmt: skip
 
     job = Job(
         model=model, epoch_batches=epoch_batches, batch_tokens=lambda b: b.num_tokens,

@@ -4,6 +4,12 @@
 torch's CPU generator (dropout), the CUDA generators when CUDA is initialised, Python's
 ``random`` and NumPy's legacy global generator. Restoring all of them makes a resumed run draw
 the same numbers as an uninterrupted one.
+
+In a data-parallel run every rank starts from the run's seed (the same initial weights and
+data order everywhere); then each rank ``r > 0`` switches torch to a stream of its own,
+seeded by :func:`rank_seed`, so that dropout differs from rank to rank. :func:`rank_rng` and
+:func:`set_rank_rng` carry one rank's torch states (CPU and its GPU) through a checkpoint as
+``rng.rank<r>.torch`` / ``rng.rank<r>.cuda``; rank 0's are the plain entries above.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["get_rng", "set_rng"]
+__all__ = ["get_rng", "rank_rng", "rank_seed", "set_rank_rng", "set_rng"]
 
 
 def get_rng() -> tuple[dict[str, Any], dict[str, Tensor]]:
@@ -50,3 +56,32 @@ def set_rng(info: dict[str, Any], tensors: dict[str, Tensor], where: str) -> Non
     cuda = sorted(k for k in tensors if k.startswith("rng.cuda."))
     if cuda and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([tensors[k] for k in cuda])
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of rank ``rank``'s torch stream in a data-parallel run (rank 0 keeps ``seed``)."""
+    if rank == 0:
+        return seed
+    # a fixed odd multiplier (the golden ratio in 64 bits) spreads neighbouring seeds apart
+    return (seed + rank * 0x9E3779B97F4A7C15) % 2**63
+
+
+def rank_rng(rank: int, device: torch.device) -> dict[str, Tensor]:
+    """This process's torch states (CPU, and ``device``'s when it is a GPU), named for ``rank``."""
+    out = {f"rng.rank{rank}.torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        out[f"rng.rank{rank}.cuda"] = torch.cuda.get_rng_state(device)
+    return out
+
+
+def set_rank_rng(tensors: dict[str, Tensor], rank: int, device: torch.device) -> bool:
+    """Restore what :func:`rank_rng` saved for ``rank``; False when the checkpoint has none
+    (it was written by fewer processes)."""
+    cpu = tensors.get(f"rng.rank{rank}.torch")
+    if cpu is None:
+        return False
+    torch.set_rng_state(cpu)
+    cuda = tensors.get(f"rng.rank{rank}.cuda")
+    if cuda is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(cuda, device)
+    return True
