@@ -13,6 +13,9 @@ memory is the growth of ``VmHWM`` over the RSS after inputs were built (the meth
 ``qkv.bench.memprobe``), per process. Runs are interleaved (one, ring, all-to-all, one, ...)
 and the minimum and median over ``--repeats`` are printed.
 
+Large allocations are always mmapped in the measured processes (``MALLOC_MMAP_THRESHOLD_``),
+so memory freed returns to the system and RSS counts what is held.
+
 Part 2 runs ``benchmarks/distributed_train.py`` (DDP tokens/s on 1 and 2 processes).
 """
 
@@ -127,6 +130,10 @@ def measure(kind: str, spec: dict, world: int) -> dict:
 
 
 def main(argv=None) -> None:
+    # Large blocks always mmapped: freed memory leaves the resident set at once, so RSS peaks
+    # count what a call holds (glibc's dynamic threshold would otherwise recycle the freed
+    # full-sequence inputs on the heap). Read by every spawned process at start-up.
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--B", type=int, default=1)
     p.add_argument("--H", type=int, default=8)
