@@ -14,7 +14,15 @@ unless a function says otherwise; see :mod:`qkv.masks`.
 
 import importlib
 
-from qkv.attention import Explanation, explain, masks, scaled_dot_product_attention
+from qkv.attention import (
+    BlockMask,
+    Explanation,
+    create_block_mask,
+    explain,
+    flex_attention,
+    masks,
+    scaled_dot_product_attention,
+)
 
 __version__ = "0.1.0"
 
@@ -22,11 +30,14 @@ __version__ = "0.1.0"
 # light and optional extras are only needed by what is used.
 _SUBPACKAGES = (
     "reference", "attention", "nn", "models", "data", "checkpoint", "generate", "train",
-    "pretrained", "inspect", "bench",
+    "pretrained", "inspect", "bench", "distributed",
 )
 
 __all__ = [
+    "BlockMask",
     "Explanation",
+    "create_block_mask",
+    "flex_attention",
     "__version__",
     "explain",
     "masks",

@@ -4,21 +4,32 @@
 ``explain`` says which backend runs and why; ``run_call`` runs an already validated
 :class:`~qkv.attention.call.AttentionCall`; ``masks`` builds masks and defines what each mask
 part means; ``errors`` holds the exceptions (both ``ValueError``/``TypeError`` and
-``RuntimeError``); ``additive`` holds Bahdanau and Luong scores.
+``RuntimeError``); ``additive`` holds Bahdanau and Luong scores; ``flex_attention`` and
+``create_block_mask`` (``flex.py``, ``flex_blocks.py``) run user score and mask functions on
+the blockwise kernel, with ready ones in ``mods``.
 """
 
-from qkv.attention import additive, masks
+from qkv.attention import additive, masks, mods
 from qkv.attention.dispatch import Explanation
 from qkv.attention.errors import AttentionArgumentError, AttentionTypeError
+from qkv.attention.flex import flex_attention
+from qkv.attention.flex_blocks import BlockMask, and_masks, create_block_mask, noop_mask, or_masks
 from qkv.attention.sdpa import explain, run_call, scaled_dot_product_attention
 
 __all__ = [
     "AttentionArgumentError",
     "AttentionTypeError",
+    "BlockMask",
     "Explanation",
     "additive",
+    "and_masks",
+    "create_block_mask",
     "explain",
+    "flex_attention",
     "masks",
+    "mods",
+    "noop_mask",
+    "or_masks",
     "run_call",
     "scaled_dot_product_attention",
 ]

@@ -1,0 +1,245 @@
+"""Programmable attention: a ``score_mod`` and a block mask on qkv's blockwise kernel.
+
+:func:`flex_attention` has the semantics of torch's ``torch.nn.attention.flex_attention``:
+the scaled scores ``s = q·k · scale`` of each query/key pair go through
+``score_mod(s, b, h, q_idx, kv_idx)``, the block mask's ``mask_mod`` hides pairs, and a
+softmax over keys weights the values. It runs blockwise with the online softmax (no ``T×S``
+tensor): tiles the block mask marks empty are skipped, full tiles evaluate no mask, partial
+tiles evaluate ``mask_mod`` on their own index grid; ``score_mod`` runs on each visited
+tile's scores, vectorised over broadcastable index tensors (``b (B,1,1,1)``, ``h (1,H,1,1)``,
+``q_idx (1,1,bq,1)``, ``kv_idx (1,1,1,bk)``), in float32 for half-precision inputs.
+
+The backward pass recomputes one query block at a time (activation checkpointing of the row
+block: torch's autograd differentiates the block's online softmax and ``score_mod``), so
+tensors that ``score_mod`` captures, a learned bias table say, get their gradients, and the
+memory held between forward and backward is the inputs alone (O(T)); the backward's
+transient is one row block of tiles, ``(B, H, bq, S)``.
+
+Rows that see no key give zeros and ``lse = -inf``, as torch's does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from qkv.attention.errors import AttentionArgumentError, AttentionTypeError
+from qkv.attention.flex_blocks import (
+    DEFAULT_BLOCK,
+    EMPTY,
+    FULL,
+    BlockMask,
+    index_grid,
+    tile_keep,
+)
+
+__all__ = ["flex_attention"]
+
+
+def flex_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    score_mod: Callable | None = None,
+    block_mask: BlockMask | None = None,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    return_lse: bool = False,
+    *,
+    need_weights: bool = False,
+):
+    """Attention with a user score function and block mask (torch's FlexAttention semantics).
+
+    Args:
+        query: ``(B, H, T, D)``.
+        key: ``(B, Hkv, S, D)``; ``Hkv == H`` unless ``enable_gqa``.
+        value: ``(B, Hkv, S, Dv)``.
+        score_mod: ``(score, b, h, q_idx, kv_idx) -> score`` on the scaled scores, or None.
+        block_mask: from :func:`qkv.create_block_mask` for ``(T, S)``, or None (all visible).
+        scale: factor on ``q·k``; ``1/sqrt(D)`` when None.
+        enable_gqa: query head ``h`` reads key/value head ``h // (H / Hkv)``.
+        return_lse: also return the log-sum-exp ``(B, H, T)`` (float32 for half inputs).
+        need_weights: also return the exact weights ``(B, H, T, S)`` (rebuilt from the
+            log-sum-exp tile by tile; not differentiable).
+
+    Returns:
+        ``out (B, H, T, Dv)``; with ``return_lse`` and/or ``need_weights``, a tuple
+        ``(out, lse?, weights?)`` in that order.
+    """
+    _check(query, key, value, score_mod, block_mask, enable_gqa)
+    B, H, T, D = query.shape
+    S = key.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    if block_mask is None:
+        bq, bk = DEFAULT_BLOCK, DEFAULT_BLOCK
+        visit = [[(j, FULL) for j in range(-(-S // bk))] for _ in range(-(-T // bq))]
+        mask_mod = None
+    else:
+        bq, bk = block_mask.block_size
+        visit = _visits(block_mask)
+        mask_mod = block_mask.mask_mod
+    plan = _Plan(B, H, T, S, bq, bk, scale, score_mod, mask_mod, H // key.shape[1])
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    outs, lses = [], []
+    for i, tiles in enumerate(visit):
+        i0, i1 = i * bq, min(T, (i + 1) * bq)
+        if grad:
+            o, lse = checkpoint(_row_block, query[:, :, i0:i1], key, value, i0, tiles, plan,
+                                use_reentrant=False)
+        else:
+            o, lse = _row_block(query[:, :, i0:i1], key, value, i0, tiles, plan)
+        outs.append(o)
+        lses.append(lse)
+    out = torch.cat(outs, dim=2)  # (B, H, T, Dv)
+    lse = torch.cat(lses, dim=2)  # (B, H, T)
+    result = [out]
+    if return_lse:
+        result.append(lse)
+    if need_weights:
+        with torch.no_grad():
+            result.append(_weights(query, key, lse, visit, plan))
+    return result[0] if len(result) == 1 else tuple(result)
+
+
+class _Plan:
+    """What every row block needs besides its tensors."""
+
+    def __init__(self, B, H, T, S, bq, bk, scale, score_mod, mask_mod, G):
+        self.B, self.H, self.T, self.S = B, H, T, S
+        self.bq, self.bk, self.scale, self.G = bq, bk, scale, G
+        self.score_mod, self.mask_mod = score_mod, mask_mod
+
+
+def _visits(block_mask: BlockMask) -> list[list[tuple[int, int]]]:
+    """Per query block, the key blocks to visit and whether they are full for every (b, h)."""
+    state = block_mask.state
+    visited = (state > EMPTY).flatten(0, 1).any(dim=0)  # (nQ, nK)
+    full = (state == FULL).flatten(0, 1).all(dim=0)  # (nQ, nK)
+    rows = []
+    for i in range(state.shape[2]):
+        cols = torch.nonzero(visited[i]).flatten().tolist()
+        rows.append([(j, FULL if bool(full[i, j]) else 1) for j in cols])
+    return rows
+
+
+def _tile_scores(qs: Tensor, k: Tensor, i0: int, j: int, kind: int, plan: _Plan) -> Tensor:
+    """Scores of one tile ``(B, H, bq, bk)`` after ``score_mod`` and the mask, in float32+."""
+    j0, j1 = j * plan.bk, min(plan.S, (j + 1) * plan.bk)
+    kt = k[:, :, j0:j1]
+    if plan.G > 1:
+        kt = kt.repeat_interleave(plan.G, dim=1)  # (B, H, bk, D)
+    s = qs @ kt.to(qs.dtype).transpose(-2, -1)  # (B, H, bq, bk), scale already in qs
+    rows, cols = range(i0, i0 + qs.shape[2]), range(j0, j1)
+    if plan.score_mod is not None:
+        s = plan.score_mod(s, *index_grid(plan.B, plan.H, rows, cols, s.device))
+        s = torch.broadcast_to(s, (plan.B, plan.H, len(rows), len(cols)))
+    if kind != FULL and plan.mask_mod is not None:
+        keep = tile_keep(plan.mask_mod, plan.B, plan.H, rows, cols, s.device)
+        s = s.masked_fill(~keep, float("-inf"))
+    return s
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _row_block(q: Tensor, k: Tensor, v: Tensor, i0: int, tiles, plan: _Plan):
+    """``(out (B, H, bq, Dv), lse (B, H, bq))`` of one query block, by the online softmax."""
+    acc_t = _acc(q.dtype)
+    qs = q.to(acc_t) * plan.scale  # (B, H, bq, D)
+    B, H, bq = q.shape[0], q.shape[1], q.shape[2]
+    m = torch.full((B, H, bq, 1), float("-inf"), dtype=acc_t, device=q.device)
+    l_sum = torch.zeros((B, H, bq, 1), dtype=acc_t, device=q.device)
+    acc = torch.zeros((B, H, bq, v.shape[-1]), dtype=acc_t, device=q.device)
+    for j, kind in tiles:
+        s = _tile_scores(qs, k, i0, j, kind, plan)
+        # The running max only keeps exp() in range; the result does not depend on it.
+        m_new = torch.maximum(m, s.detach().amax(dim=-1, keepdim=True))
+        m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+        p = torch.exp(s - m_safe)  # (B, H, bq, bk)
+        corr = torch.exp(m - m_safe)
+        j0, j1 = j * plan.bk, min(plan.S, (j + 1) * plan.bk)
+        vt = v[:, :, j0:j1]
+        if plan.G > 1:
+            vt = vt.repeat_interleave(plan.G, dim=1)  # (B, H, bk, Dv)
+        l_sum = l_sum * corr + p.sum(dim=-1, keepdim=True)
+        acc = acc * corr + p @ vt.to(acc_t)
+        m = m_new
+    seen = l_sum > 0
+    out = acc / torch.where(seen, l_sum, torch.ones_like(l_sum))  # rows that see nothing: 0
+    lse = torch.where(seen, m + torch.log(torch.where(seen, l_sum, torch.ones_like(l_sum))),
+                      torch.full_like(m, float("-inf")))
+    return out.to(q.dtype), lse.squeeze(-1)  # (B, H, bq, Dv), (B, H, bq)
+
+
+def _weights(q: Tensor, k: Tensor, lse: Tensor, visit, plan: _Plan) -> Tensor:
+    """Exact weights ``(B, H, T, S)``: ``exp(s - lse)`` on visited tiles, 0 elsewhere."""
+    acc_t = _acc(q.dtype)
+    w = torch.zeros(plan.B, plan.H, plan.T, plan.S, dtype=q.dtype, device=q.device)
+    safe = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+    for i, tiles in enumerate(visit):
+        i0, i1 = i * plan.bq, min(plan.T, (i + 1) * plan.bq)
+        qs = q[:, :, i0:i1].to(acc_t) * plan.scale
+        for j, kind in tiles:
+            j0, j1 = j * plan.bk, min(plan.S, (j + 1) * plan.bk)
+            s = _tile_scores(qs, k, i0, j, kind, plan)
+            w[:, :, i0:i1, j0:j1] = torch.exp(s - safe[:, :, i0:i1, None]).to(q.dtype)
+    return w
+
+
+def _check(query, key, value, score_mod, block_mask, enable_gqa) -> None:
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            raise AttentionTypeError(
+                f"{name} must be a floating-point torch.Tensor, got "
+                f"{type(t).__name__ if not isinstance(t, Tensor) else t.dtype}"
+            )
+        if t.dim() != 4:
+            raise AttentionArgumentError(
+                f"flex_attention takes 4-D (B, H, L, D) tensors, got {name} of shape "
+                f"{tuple(t.shape)}"
+            )
+    if not (query.dtype == key.dtype == value.dtype):
+        raise AttentionTypeError(
+            f"query, key and value must share one dtype, got {query.dtype}, {key.dtype}, "
+            f"{value.dtype}"
+        )
+    B, H, T, D = query.shape
+    if key.shape[0] != B or value.shape[0] != B or key.shape[-1] != D:
+        raise AttentionArgumentError(
+            f"query {tuple(query.shape)}, key {tuple(key.shape)}: batch and head width D must "
+            "match"
+        )
+    if key.shape[1:3] != value.shape[1:3]:
+        raise AttentionArgumentError(
+            f"key {tuple(key.shape)} and value {tuple(value.shape)} must have the same heads "
+            "and length"
+        )
+    Hkv = key.shape[1]
+    if Hkv != H and not (enable_gqa and H % Hkv == 0):
+        raise AttentionArgumentError(
+            f"query has H={H} heads and key/value Hkv={Hkv}: pass enable_gqa=True with H a "
+            "multiple of Hkv, or give them equal heads"
+        )
+    if score_mod is not None and not callable(score_mod):
+        raise AttentionTypeError(f"score_mod must be callable, got {type(score_mod).__name__}")
+    if block_mask is not None:
+        if not isinstance(block_mask, BlockMask):
+            raise AttentionTypeError(
+                "block_mask must be a qkv BlockMask (qkv.create_block_mask), got "
+                f"{type(block_mask).__name__}"
+            )
+        if (block_mask.q_len, block_mask.kv_len) != (T, key.shape[2]):
+            raise AttentionArgumentError(
+                f"block_mask was made for Q_LEN={block_mask.q_len}, KV_LEN={block_mask.kv_len} "
+                f"but the call has T={T}, S={key.shape[2]}"
+            )
+        b, h = block_mask.state.shape[:2]
+        if b not in (1, B) or h not in (1, H):
+            raise AttentionArgumentError(
+                f"block_mask has B={b}, H={h}; the call has B={B}, H={H} (use 1 or the same)"
+            )
