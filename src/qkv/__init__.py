@@ -14,13 +14,13 @@ unless a function says otherwise; see :mod:`qkv.masks`.
 
 import importlib
 
+from qkv import masks  # the public module: attention/masks.py plus the flex mods
 from qkv.attention import (
     BlockMask,
     Explanation,
     create_block_mask,
     explain,
     flex_attention,
-    masks,
     scaled_dot_product_attention,
 )
 

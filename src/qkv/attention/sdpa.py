@@ -9,11 +9,14 @@ hold a validated :class:`AttentionCall` (the ``nn`` attention core) use :func:`r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import Tensor
 
 from qkv.attention import dispatch
 from qkv.attention.call import AttentionCall, make_call
 from qkv.attention.dispatch import Explanation
+from qkv.attention.flex_sdpa import FlexExplanation, explain_flex, sdpa_flex
 
 __all__ = ["explain", "run_call", "scaled_dot_product_attention"]
 
@@ -32,6 +35,8 @@ def scaled_dot_product_attention(
     backend: str = "auto",
     window: int | None = None,
     alibi_slopes: Tensor | None = None,
+    score_mod: Callable | None = None,
+    mask_mod: Callable | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Scaled dot-product attention with the semantics of torch's, plus weights on request.
 
@@ -63,6 +68,13 @@ def scaled_dot_product_attention(
         alibi_slopes: keyword-only extra: ``(H,)`` finite ALiBi slopes (used in float32);
             adds ``-slope_h · |i + shift - j|`` to the scores, ``shift`` the causal diagonal
             (``S - T`` without ``is_causal``), as in Press et al., 2022.
+        score_mod: keyword-only extra: ``(score, b, h, q_idx, kv_idx) -> score`` on the
+            scaled scores, torch's FlexAttention signature (4-D inputs; runs
+            :func:`qkv.flex_attention` on the blockwise kernel).
+        mask_mod: keyword-only extra: ``(b, h, q_idx, kv_idx) -> bool`` (True = may attend);
+            tiles it leaves empty are skipped. ``is_causal`` and ``attn_mask`` combine with
+            either mod; dropout, ``window`` and ``alibi_slopes`` do not (use the mods of
+            :mod:`qkv.attention.mods`).
 
     Returns:
         The output ``(..., H, T, Dv)``, or ``(output, weights)`` with weights ``(..., H, T, S)``
@@ -101,6 +113,11 @@ def scaled_dot_product_attention(
             ``CausalBias`` mask with ``is_causal``, an unknown backend, or a backend that
             cannot honour the call (``backend="torch"`` with ``need_weights=True``).
     """
+    if score_mod is not None or mask_mod is not None:
+        return sdpa_flex(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+            need_weights, backend, window, alibi_slopes, score_mod, mask_mod,
+        )
     call = make_call(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, need_weights,
         window, alibi_slopes,
@@ -159,15 +176,22 @@ def explain(
     backend: str = "auto",
     window: int | None = None,
     alibi_slopes: Tensor | None = None,
-) -> Explanation:
+    score_mod: Callable | None = None,
+    mask_mod: Callable | None = None,
+) -> Explanation | FlexExplanation:
     """Say which backend ``scaled_dot_product_attention`` would run for these arguments.
 
     Takes exactly the arguments of :func:`scaled_dot_product_attention` and validates them
     the same way, but computes nothing. Returns an :class:`Explanation` whose ``chosen`` is
     the backend ``auto`` picks (or the named ``backend``, after checking it can honour the
     call) and whose ``reasons`` say why each other backend was not chosen; ``str()`` of it
-    reads as a short report.
+    reads as a short report. With ``score_mod``/``mask_mod`` it returns a
+    :class:`~qkv.attention.flex_sdpa.FlexExplanation`: the block mask's density (tiles visited,
+    full tiles) and the predicted FLOPs and tile memory.
     """
+    if score_mod is not None or mask_mod is not None:
+        return explain_flex(query, key, value, attn_mask, is_causal, score_mod, mask_mod,
+                            dropout_p, window, alibi_slopes, backend)
     call = make_call(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, need_weights,
         window, alibi_slopes,
