@@ -1,0 +1,192 @@
+"""qkv.flex_attention against torch's flex_attention (eager, forward) and a dense autograd
+reference (forward and gradients, captured tensors included), on a grid of mods and shapes."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch.nn.attention import flex_attention as torch_flex
+
+import qkv
+from helpers import max_error
+from qkv.attention.errors import AttentionArgumentError, AttentionTypeError
+from qkv.attention.flex_blocks import and_masks, create_block_mask, noop_mask, or_masks
+
+TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
+
+
+def causal(b, h, q, k):
+    return q >= k
+
+
+def band(b, h, q, k):
+    return (q - k).abs() < 9
+
+
+def first_keys(b, h, q, k):
+    return k < 3
+
+
+def per_head(b, h, q, k):
+    return (k % (h + 2)) != 1  # a different mask for each head
+
+
+def none_visible(b, h, q, k):
+    return (q < 5) & (k < 0)  # the first rows see nothing at all
+
+
+MASKS = {
+    "none": None, "causal": causal, "band": band, "causal|first": or_masks(causal, first_keys),
+    "per-head&causal": and_masks(per_head, causal), "dead-rows": or_masks(none_visible, band),
+}
+
+
+SCORES = {
+    "none": None,
+    "relative": lambda s, b, h, q, k: s + 0.05 * (q - k),
+    "softcap": lambda s, b, h, q, k: 5.0 * torch.tanh(s / 5.0),
+    "head-scale": lambda s, b, h, q, k: s * (h + 1) * 0.5,
+}
+
+SHAPES = [  # B, H, Hkv, T, S, D, block
+    (2, 4, 4, 37, 53, 8, 16),
+    (1, 4, 2, 64, 64, 16, 32),
+    (2, 2, 1, 29, 17, 8, 8),
+]
+
+
+def dense_reference(q, k, v, score_mod, mask_mod, scale=None):
+    """Materialised scores on full index grids; softmax; rows seeing nothing give zeros."""
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    G = H // k.shape[1]
+    k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    s = q @ k.transpose(-2, -1) * (D ** -0.5 if scale is None else scale)
+    idx = (torch.arange(B).view(B, 1, 1, 1), torch.arange(H).view(1, H, 1, 1),
+           torch.arange(T).view(1, 1, T, 1), torch.arange(S).view(1, 1, 1, S))
+    if score_mod is not None:
+        s = score_mod(s, *idx)
+    if mask_mod is not None:
+        s = s.masked_fill(~torch.broadcast_to(mask_mod(*idx), s.shape), float("-inf"))
+    seen = ~torch.isneginf(s).all(-1, keepdim=True)
+    w = torch.softmax(torch.where(seen, s, torch.zeros_like(s)), -1) * seen
+    return w @ v, w
+
+
+def _inputs(shape, dtype, seed=0):
+    B, H, Hkv, T, S, D, _ = shape
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, h, n, D, generator=g, dtype=dtype).requires_grad_()
+            for b, h, n in ((B, H, T), (B, Hkv, S), (B, Hkv, S))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("mask", MASKS, ids=str)
+@pytest.mark.parametrize("score", SCORES, ids=str)
+def test_forward_and_gradients_equal_the_dense_reference(score, mask, shape, dtype):
+    q, k, v = _inputs(shape, dtype)
+    B, H, Hkv, T, S, _D, block = shape
+    mod, mm = SCORES[score], MASKS[mask]
+    bm = None if mm is None else create_block_mask(mm, B, H, T, S, BLOCK_SIZE=block)
+    out, lse, w = qkv.flex_attention(q, k, v, mod, bm, enable_gqa=H != Hkv, return_lse=True,
+                                     need_weights=True)
+    ref, ref_w = dense_reference(q, k, v, mod, mm)
+    tol = TOL[dtype]
+    assert max_error(out, ref) <= tol, f"out: max error {max_error(out, ref)}"
+    assert max_error(w, ref_w) <= tol, f"weights: max error {max_error(w, ref_w)}"
+    dout = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    want = torch.autograd.grad(ref, (q, k, v), dout)
+    for name, a, b in zip("qkv", got, want, strict=True):
+        assert max_error(a, b) <= 10 * tol, f"d{name}: max error {max_error(a, b)}"
+    assert lse.shape == (B, H, T)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("mask", ["none", "causal", "per-head&causal", "dead-rows"])
+@pytest.mark.parametrize("score", ["none", "relative", "softcap"])
+def test_equals_torch_flex_attention_and_its_block_mask(score, mask, shape):
+    q, k, v = (t.detach() for t in _inputs(shape, torch.float64, seed=1))
+    B, H, Hkv, T, S, _D, block = shape
+    mod, mm = SCORES[score], MASKS[mask]
+    ours = None if mm is None else create_block_mask(mm, B, H, T, S, BLOCK_SIZE=block)
+    theirs = None if mm is None else torch_flex.create_block_mask(
+        mm, B, H, T, S, device="cpu", BLOCK_SIZE=block)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns that eager flex is slow
+        want, want_lse = torch_flex.flex_attention(
+            q, k, v, mod, theirs, enable_gqa=H != Hkv, return_lse=True)
+    got, lse = qkv.flex_attention(q, k, v, mod, ours, enable_gqa=H != Hkv, return_lse=True)
+    assert max_error(got, want) <= 1e-10, f"out: max error {max_error(got, want)}"
+    finite = ~torch.isinf(want_lse)
+    assert torch.equal(torch.isinf(lse), ~finite)
+    assert max_error(lse[finite], want_lse[finite]) <= 1e-10
+    if mm is not None:
+        nq, nk = ours.state.shape[2:]
+        assert torch.equal(ours.to_dense(), theirs.to_dense()[..., :nq, :nk].bool()), mask
+
+
+def test_captured_tensor_gets_its_gradient():
+    """A learned relative-bias table captured by score_mod: gradient equals autograd's."""
+    q, k, v = _inputs((2, 3, 3, 41, 41, 8, 16), torch.float64)
+    table = torch.randn(3, 81, dtype=torch.float64, requires_grad=True)
+
+    def bias(s, b, h, qi, ki):
+        return s + table[h, qi - ki + 40]
+
+    bm = create_block_mask(causal, None, None, 41, 41, BLOCK_SIZE=16)
+    out = qkv.flex_attention(q, k, v, bias, bm)
+    ref, _ = dense_reference(q, k, v, bias, causal)
+    dout = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v, table), dout)
+    want = torch.autograd.grad(ref, (q, k, v, table), dout)
+    for name, a, b in zip(("q", "k", "v", "table"), got, want, strict=True):
+        assert max_error(a, b) <= 1e-10, f"d{name}: max error {max_error(a, b)}"
+    assert got[3].abs().sum() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_half_precision_computes_in_float32(dtype):
+    q, k, v = (t.detach() for t in _inputs((1, 2, 2, 40, 40, 16, 16), torch.float32))
+    q = q * 30  # large logits
+    bm = create_block_mask(causal, None, None, 40, 40, BLOCK_SIZE=16)
+    got = qkv.flex_attention(q.to(dtype), k.to(dtype), v.to(dtype), None, bm)
+    ref, _ = dense_reference(*(t.to(dtype).double() for t in (q, k, v)), None, causal)
+    assert got.dtype == dtype
+    err = max_error(got, ref)
+    assert err <= 2 * torch.finfo(dtype).eps * 4, f"max error {err}"
+
+
+def test_sdpa_and_explain_take_mods():
+    q, k, v = (t.detach() for t in _inputs((2, 4, 4, 37, 53, 8, 16), torch.float64))
+    keep = torch.rand(2, 1, 1, 53, generator=torch.Generator().manual_seed(3)) > 0.3
+    for is_causal in (False, True, "bottom-right"):
+        got = qkv.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=is_causal,
+                                               mask_mod=noop_mask)
+        want = qkv.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=is_causal)
+        assert max_error(got, want) <= 1e-12, is_causal
+    z = torch.zeros(()).expand(1, 8, 1024, 64)  # (B, H, T, D): explain computes nothing
+    e = qkv.explain(z, z, z, is_causal=True, mask_mod=noop_mask)
+    assert "density" in str(e) and e.visited == 36 and e.tiles == 64 and e.full == 28
+    assert e.flops == 2.0 * 8 * (1024 * 1025 / 2 + 8 * 128 * 127 / 2) * 128, e.flops
+    with pytest.raises(AttentionArgumentError, match="dropout"):
+        qkv.scaled_dot_product_attention(q, k, v, dropout_p=0.1, mask_mod=noop_mask)
+    with pytest.raises(AttentionArgumentError, match="backend"):
+        qkv.scaled_dot_product_attention(q, k, v, backend="torch", score_mod=SCORES["softcap"])
+
+
+def test_bad_arguments_are_named():
+    q = torch.randn(1, 2, 8, 4)
+    with pytest.raises(AttentionTypeError, match="score_mod must be callable"):
+        qkv.flex_attention(q, q, q, score_mod=3)
+    with pytest.raises(AttentionArgumentError, match="Q_LEN=8, KV_LEN=9"):
+        qkv.flex_attention(q, q, q, block_mask=create_block_mask(causal, 1, 1, 8, 9))
+    with pytest.raises(AttentionArgumentError, match="enable_gqa"):
+        qkv.flex_attention(q, q[:, :1], q[:, :1])
+    with pytest.raises(AttentionTypeError, match="bool"):
+        create_block_mask(lambda b, h, i, j: i - j, 1, 1, 8, 8)
+    with pytest.raises(AttentionArgumentError, match="KV_LEN"):
+        create_block_mask(causal, 1, 1, 8, 0)
