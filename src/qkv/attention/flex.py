@@ -32,6 +32,7 @@ from qkv.attention.flex_blocks import (
     DEFAULT_BLOCK,
     EMPTY,
     FULL,
+    PARTIAL,
     BlockMask,
     index_grid,
     tile_keep,
@@ -76,7 +77,8 @@ def flex_attention(
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     if block_mask is None:
         bq, bk = DEFAULT_BLOCK, DEFAULT_BLOCK
-        visit = [[(j, FULL) for j in range(-(-S // bk))] for _ in range(-(-T // bq))]
+        nk = -(-S // bk)
+        visit = [_spans(list(range(nk)), [True] * nk, bk) for _ in range(-(-T // bq))]
         mask_mod = None
     else:
         bq, bk = block_mask.block_size
@@ -85,8 +87,7 @@ def flex_attention(
     plan = _Plan(B, H, T, S, bq, bk, scale, score_mod, mask_mod, H // key.shape[1])
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     outs, lses = [], []
-    for i, tiles in enumerate(visit):
-        i0, i1 = i * bq, min(T, (i + 1) * bq)
+    for i0, i1, tiles in _row_groups(visit, bq, T):
         if grad:
             o, lse = checkpoint(_row_block, query[:, :, i0:i1], key, value, i0, tiles, plan,
                                 use_reentrant=False)
@@ -114,25 +115,63 @@ class _Plan:
         self.score_mod, self.mask_mod = score_mod, mask_mod
 
 
-def _visits(block_mask: BlockMask) -> list[list[tuple[int, int]]]:
-    """Per query block, the key blocks to visit and whether they are full for every (b, h)."""
+# Consecutive visited key blocks are attended as one span of at most this many keys: fewer,
+# larger matrix products (a span of partial tiles evaluates mask_mod on the span's grid).
+SPAN_KEYS = 512
+
+
+def _spans(cols: list[int], full: list[bool], bk: int) -> list[tuple[int, int, int]]:
+    """Group visited key blocks ``cols`` (ascending) into ``(first, last + 1, kind)`` spans."""
+    spans: list[tuple[int, int, int]] = []
+    limit = max(1, SPAN_KEYS // bk)
+    for j, is_full in zip(cols, full, strict=True):
+        kind = FULL if is_full else PARTIAL
+        if spans and spans[-1][1] == j and spans[-1][1] - spans[-1][0] < limit:
+            first, _, k = spans[-1]
+            spans[-1] = (first, j + 1, FULL if (k == FULL and kind == FULL) else PARTIAL)
+        else:
+            spans.append((j, j + 1, kind))
+    return spans
+
+
+# Consecutive query blocks that visit the same spans are computed together, up to this many
+# rows (a document mask's query blocks inside one document share their spans).
+GROUP_ROWS = 256
+
+
+def _row_groups(visit, bq: int, T: int) -> list[tuple[int, int, list]]:
+    """``(first row, last row + 1, spans)`` for runs of query blocks with equal spans."""
+    groups: list[tuple[int, int, list]] = []
+    for i, spans in enumerate(visit):
+        i0, i1 = i * bq, min(T, (i + 1) * bq)
+        if groups and groups[-1][2] == spans and i1 - groups[-1][0] <= GROUP_ROWS:
+            groups[-1] = (groups[-1][0], i1, spans)
+        else:
+            groups.append((i0, i1, spans))
+    return groups
+
+
+def _visits(block_mask: BlockMask) -> list[list[tuple[int, int, int]]]:
+    """Per query block, the key-block spans to visit and whether they are full for every
+    (b, h)."""
     state = block_mask.state
     visited = (state > EMPTY).flatten(0, 1).any(dim=0)  # (nQ, nK)
     full = (state == FULL).flatten(0, 1).all(dim=0)  # (nQ, nK)
     rows = []
     for i in range(state.shape[2]):
         cols = torch.nonzero(visited[i]).flatten().tolist()
-        rows.append([(j, FULL if bool(full[i, j]) else 1) for j in cols])
+        rows.append(_spans(cols, full[i, cols].tolist(), block_mask.block_size[1]))
     return rows
 
 
-def _tile_scores(qs: Tensor, k: Tensor, i0: int, j: int, kind: int, plan: _Plan) -> Tensor:
-    """Scores of one tile ``(B, H, bq, bk)`` after ``score_mod`` and the mask, in float32+."""
-    j0, j1 = j * plan.bk, min(plan.S, (j + 1) * plan.bk)
+def _tile_scores(qs: Tensor, k: Tensor, i0: int, span, plan: _Plan) -> Tensor:
+    """Scores of one span ``(B, H, bq, keys)`` after ``score_mod`` and the mask, in float32+."""
+    first, last, kind = span
+    j0, j1 = first * plan.bk, min(plan.S, last * plan.bk)
     kt = k[:, :, j0:j1]
     if plan.G > 1:
-        kt = kt.repeat_interleave(plan.G, dim=1)  # (B, H, bk, D)
-    s = qs @ kt.to(qs.dtype).transpose(-2, -1)  # (B, H, bq, bk), scale already in qs
+        kt = kt.repeat_interleave(plan.G, dim=1)  # (B, H, keys, D)
+    s = qs @ kt.to(qs.dtype).transpose(-2, -1)  # (B, H, bq, keys), scale already in qs
     rows, cols = range(i0, i0 + qs.shape[2]), range(j0, j1)
     if plan.score_mod is not None:
         s = plan.score_mod(s, *index_grid(plan.B, plan.H, rows, cols, s.device))
@@ -155,14 +194,14 @@ def _row_block(q: Tensor, k: Tensor, v: Tensor, i0: int, tiles, plan: _Plan):
     m = torch.full((B, H, bq, 1), float("-inf"), dtype=acc_t, device=q.device)
     l_sum = torch.zeros((B, H, bq, 1), dtype=acc_t, device=q.device)
     acc = torch.zeros((B, H, bq, v.shape[-1]), dtype=acc_t, device=q.device)
-    for j, kind in tiles:
-        s = _tile_scores(qs, k, i0, j, kind, plan)
+    for span in tiles:
+        s = _tile_scores(qs, k, i0, span, plan)
         # The running max only keeps exp() in range; the result does not depend on it.
         m_new = torch.maximum(m, s.detach().amax(dim=-1, keepdim=True))
         m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
         p = torch.exp(s - m_safe)  # (B, H, bq, bk)
         corr = torch.exp(m - m_safe)
-        j0, j1 = j * plan.bk, min(plan.S, (j + 1) * plan.bk)
+        j0, j1 = span[0] * plan.bk, min(plan.S, span[1] * plan.bk)
         vt = v[:, :, j0:j1]
         if plan.G > 1:
             vt = vt.repeat_interleave(plan.G, dim=1)  # (B, H, bk, Dv)
@@ -181,12 +220,11 @@ def _weights(q: Tensor, k: Tensor, lse: Tensor, visit, plan: _Plan) -> Tensor:
     acc_t = _acc(q.dtype)
     w = torch.zeros(plan.B, plan.H, plan.T, plan.S, dtype=q.dtype, device=q.device)
     safe = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
-    for i, tiles in enumerate(visit):
-        i0, i1 = i * plan.bq, min(plan.T, (i + 1) * plan.bq)
+    for i0, i1, tiles in _row_groups(visit, plan.bq, plan.T):
         qs = q[:, :, i0:i1].to(acc_t) * plan.scale
-        for j, kind in tiles:
-            j0, j1 = j * plan.bk, min(plan.S, (j + 1) * plan.bk)
-            s = _tile_scores(qs, k, i0, j, kind, plan)
+        for span in tiles:
+            j0, j1 = span[0] * plan.bk, min(plan.S, span[1] * plan.bk)
+            s = _tile_scores(qs, k, i0, span, plan)
             w[:, :, i0:i1, j0:j1] = torch.exp(s - safe[:, :, i0:i1, None]).to(q.dtype)
     return w
 
