@@ -37,6 +37,7 @@ from qkv.attention.flex_blocks import (
     index_grid,
     tile_keep,
 )
+from qkv.attention.flex_fused import fused_row_block, fused_serves
 
 __all__ = ["flex_attention"]
 
@@ -86,13 +87,18 @@ def flex_attention(
         mask_mod = block_mask.mask_mod
     plan = _Plan(B, H, T, S, bq, bk, scale, score_mod, mask_mod, H // key.shape[1])
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    fused = fused_serves(query, value, score_mod, grad)  # nothing to differentiate: torch's kernel
     outs, lses = [], []
     for i0, i1, tiles in _row_groups(visit, bq, T):
-        if grad:
+        if fused:
+            o, lse = fused_row_block(query[:, :, i0:i1], key, value, i0, tiles, plan)
+        elif grad:
             o, lse = checkpoint(_row_block, query[:, :, i0:i1], key, value, i0, tiles, plan,
                                 use_reentrant=False)
         else:
-            o, lse = _row_block(query[:, :, i0:i1], key, value, i0, tiles, plan)
+            with torch.no_grad():
+                o, lse = _row_block(query[:, :, i0:i1], key, value, i0, tiles, plan,
+                                    inplace=True)
         outs.append(o)
         lses.append(lse)
     out = torch.cat(outs, dim=2)  # (B, H, T, Dv)
@@ -186,8 +192,11 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _row_block(q: Tensor, k: Tensor, v: Tensor, i0: int, tiles, plan: _Plan):
-    """``(out (B, H, bq, Dv), lse (B, H, bq))`` of one query block, by the online softmax."""
+def _row_block(q: Tensor, k: Tensor, v: Tensor, i0: int, tiles, plan: _Plan, inplace=False):
+    """``(out (B, H, bq, Dv), lse (B, H, bq))`` of one query block, by the online softmax.
+
+    ``inplace`` (only without autograd) reuses the score and accumulator buffers.
+    """
     acc_t = _acc(q.dtype)
     qs = q.to(acc_t) * plan.scale  # (B, H, bq, D)
     B, H, bq = q.shape[0], q.shape[1], q.shape[2]
@@ -199,14 +208,20 @@ def _row_block(q: Tensor, k: Tensor, v: Tensor, i0: int, tiles, plan: _Plan):
         # The running max only keeps exp() in range; the result does not depend on it.
         m_new = torch.maximum(m, s.detach().amax(dim=-1, keepdim=True))
         m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
-        p = torch.exp(s - m_safe)  # (B, H, bq, bk)
+        # In place only on scores qkv allocated (a score_mod may return a tensor of its own).
+        mine = inplace and plan.score_mod is None
+        p = s.sub_(m_safe).exp_() if mine else torch.exp(s - m_safe)  # (B, H, bq, bk)
         corr = torch.exp(m - m_safe)
         j0, j1 = span[0] * plan.bk, min(plan.S, span[1] * plan.bk)
         vt = v[:, :, j0:j1]
         if plan.G > 1:
             vt = vt.repeat_interleave(plan.G, dim=1)  # (B, H, bk, Dv)
-        l_sum = l_sum * corr + p.sum(dim=-1, keepdim=True)
-        acc = acc * corr + p @ vt.to(acc_t)
+        if inplace:
+            l_sum.mul_(corr).add_(p.sum(dim=-1, keepdim=True))
+            acc.mul_(corr).add_(p @ vt.to(acc_t))
+        else:
+            l_sum = l_sum * corr + p.sum(dim=-1, keepdim=True)
+            acc = acc * corr + p @ vt.to(acc_t)
         m = m_new
     seen = l_sum > 0
     out = acc / torch.where(seen, l_sum, torch.ones_like(l_sum))  # rows that see nothing: 0
