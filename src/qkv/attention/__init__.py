@@ -9,7 +9,7 @@ part means; ``errors`` holds the exceptions (both ``ValueError``/``TypeError`` a
 the blockwise kernel, with ready ones in ``mods``.
 """
 
-from qkv.attention import additive, masks, mods
+from qkv.attention import additive, masks, mods, score_mods
 from qkv.attention.dispatch import Explanation
 from qkv.attention.errors import AttentionArgumentError, AttentionTypeError
 from qkv.attention.flex import flex_attention
@@ -32,4 +32,5 @@ __all__ = [
     "or_masks",
     "run_call",
     "scaled_dot_product_attention",
+    "score_mods",
 ]

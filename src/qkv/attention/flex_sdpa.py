@@ -68,7 +68,7 @@ def _refuse(dropout_p, window, alibi_slopes, backend) -> None:
     if window is not None or alibi_slopes is not None:
         raise AttentionArgumentError(
             "with score_mod/mask_mod, write the window or ALiBi as mods too "
-            "(qkv.masks.sliding_window, qkv.attention.mods.alibi) instead of window=/alibi_slopes="
+            "(qkv.masks.sliding_window_mask, qkv.masks.alibi) instead of window=/alibi_slopes="
         )
     if backend not in ("auto", "flash"):
         raise AttentionArgumentError(
