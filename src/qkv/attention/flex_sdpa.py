@@ -3,8 +3,9 @@
 SDPA's own mask arguments are turned into mods so one flex call serves them all:
 ``is_causal`` becomes a causal ``mask_mod`` (top-left or bottom-right), a boolean ``attn_mask``
 is AND-ed in (read by index, broadcast as SDPA broadcasts it), a float ``attn_mask`` is added
-to the scores before ``score_mod``. Dropout, ALiBi slopes and windows have mods of their own
-(:mod:`qkv.attention.mods`) and are refused here, with a message saying so.
+to the scores after ``score_mod`` (so a soft cap cannot unmask a ``-inf`` entry). Dropout,
+ALiBi slopes and windows have mods of their own (:mod:`qkv.attention.mods`) and are refused
+here, with a message saying so.
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ def _mods(query, key, attn_mask, is_causal, score_mod, mask_mod):
         if m.dtype == torch.bool:
             masks.append(lambda b, h, q, k: m[b, h, q, k])
         elif m.is_floating_point():
+            # Added after score_mod, as the modules do: a soft cap never unmasks a -inf entry.
             inner = score_mod
             score_mod = (
-                (lambda s, b, h, q, k: inner(s + m[b, h, q, k], b, h, q, k))
+                (lambda s, b, h, q, k: inner(s, b, h, q, k) + m[b, h, q, k])
                 if inner is not None else (lambda s, b, h, q, k: s + m[b, h, q, k])
             )
         else:

@@ -77,6 +77,10 @@ def command(
     threads: Annotated[int | None, typer.Option(
         "--threads", min=1, help="CPU threads for torch (default: torch's own).",
     )] = None,
+    pack: Annotated[bool, typer.Option(
+        "--pack", help="Text: train on paragraphs packed into rows with document ids (no "
+        "attention across paragraphs, positions restart) instead of windows of the stream.",
+    )] = False,
     fsdp: Annotated[bool, typer.Option(
         "--fsdp", help="Under torchrun: shard weights, gradients and optimizer state (FSDP2) "
         "instead of a replica per process (DDP).",
@@ -92,6 +96,8 @@ def command(
 
     [bold]Example:[/bold] qkv train dates --steps 800 --out runs/dates
 
+    [bold]Packed text:[/bold] qkv train --text notes/ --pack --steps 500 --out runs/notes
+
     [bold]On 2 processes:[/bold] torchrun --nproc-per-node 2 -m qkv train dates --out runs/dates
     """
     console = Console(highlight=False, soft_wrap=True)
@@ -100,7 +106,7 @@ def command(
     try:
         done, spec, run_dir, world = _train(
             console, task, text, pairs, config, out, steps, batch_size, lr, eval_every, d_model,
-            layers, heads, seed, max_seconds, device, fsdp,
+            layers, heads, seed, max_seconds, device, fsdp, pack,
         )  # fmt: skip
     except (ValueError, TypeError, FileNotFoundError, ImportError, OSError, FloatingPointError,
             RuntimeError) as err:  # fmt: skip
@@ -126,7 +132,7 @@ def command(
 
 
 def _train(console, task, text, pairs, config, out, steps, batch_size, lr, eval_every, d_model,
-           layers, heads, seed, max_seconds, device, fsdp):  # fmt: skip
+           layers, heads, seed, max_seconds, device, fsdp, pack):  # fmt: skip
     """Build the run and train it; ``(run_training's result, spec, run folder, world)``."""
     if max_seconds is not None and max_seconds <= 0:
         raise ValueError(f"--max-seconds must be > 0, got {max_seconds}")
@@ -138,7 +144,7 @@ def _train(console, task, text, pairs, config, out, steps, batch_size, lr, eval_
             spec = DataSpec(**{**spec.to_json(), "seed": tables["train"]["seed"]})
         run_dir = out if out is not None else Path("runs") / Path(spec.source).stem
         options = dict(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every,
-                       seed=seed, device=device, fsdp=fsdp or None,
+                       seed=seed, device=device, fsdp=fsdp or None, pack=pack or None,
                        run_dir=str(run_dir))  # fmt: skip
         train_config = build_train_config(spec.kind, tables["train"], options)
     except ValueError as err:

@@ -9,6 +9,8 @@
   normalisation (:mod:`~qkv.data.dates`), seeded, with disjoint splits.
 * :mod:`~qkv.data.text`: :func:`load_text`, :func:`stdlib_corpus`, :func:`train_valid_split`.
 * :mod:`~qkv.data.parallel`: :func:`load_pairs_tsv`, :func:`gettext_pairs`.
+* :mod:`~qkv.data.packing`: :func:`pack_documents`, :func:`pack_lm` (variable-length
+  documents packed into fixed-length rows with document ids; no padding inside a row).
 * :mod:`~qkv.data.batching`: :func:`encode_pairs`, :func:`bucket_batches`, :func:`lm_batches`,
   :func:`pad_rows`.
 * :mod:`~qkv.data.files`: :func:`~qkv.data.files.read_json`, :func:`~qkv.data.files.read_toml`
@@ -27,6 +29,7 @@ from qkv.data.batching import (
     lm_batches,
     pad_rows,
 )
+from qkv.data.packing import PackedRows, pack_documents, pack_lm, split_documents
 from qkv.data.parallel import gettext_catalogues, gettext_pairs, load_pairs_tsv
 from qkv.data.subword import BPETokenizer, WordPieceTokenizer
 from qkv.data.tasks import SPLITS, TASKS, Task, make_task
@@ -57,6 +60,7 @@ __all__ = [
     "Example",
     "LMBatch",
     "MissingData",
+    "PackedRows",
     "Seq2SeqBatch",
     "Task",
     "Tokenizer",
@@ -71,7 +75,10 @@ __all__ = [
     "load_text",
     "load_tokenizer",
     "make_task",
+    "pack_documents",
+    "pack_lm",
     "pad_rows",
+    "split_documents",
     "stdlib_corpus",
     "train_valid_split",
 ]

@@ -79,19 +79,26 @@ class Seq2SeqBatch:
 
 @dataclass(frozen=True)
 class LMBatch:
-    """``B`` windows of a token stream for language modelling.
+    """``B`` windows of a token stream, or ``B`` rows of documents, for language modelling.
 
     Attributes:
         inputs: ``(B, T)`` ids.
-        targets: ``(B, T)`` the ids one position later: ``targets[:, t] == stream[start + t + 1]``.
+        targets: ``(B, T)`` the ids one position later: ``targets[:, t] == stream[start + t + 1]``
+            (rows of documents: the next id inside the document, and
+            :data:`qkv.data.packing.IGNORE_INDEX` on padding).
+        document_ids: ``(B, T)`` document ids of packed rows
+            (:func:`qkv.data.packing.pack_lm`), for the model's ``document_ids=``; None for
+            windows of a stream and for one document per row.
     """
 
     inputs: Tensor
     targets: Tensor
+    document_ids: Tensor | None = None
 
     def to(self, device: torch.device | str) -> LMBatch:
         """The same batch on ``device``."""
-        return LMBatch(self.inputs.to(device), self.targets.to(device))
+        docs = None if self.document_ids is None else self.document_ids.to(device)
+        return LMBatch(self.inputs.to(device), self.targets.to(device), docs)
 
 
 def encode_pairs(

@@ -13,6 +13,11 @@ chose is still the one that runs. If a hook replaces a layer's scores or weights
 ablation, see :func:`~qkv.inspect.hookpoints.hooks`), that layer already runs the math path,
 and what is captured is the weights it really used, read from its ``hook_weights``.
 
+Programmable attention (a layer called with ``score_mod=`` / ``block_mask=``, e.g. a packed
+row's document mask) is captured the same way: the weights are rebuilt by
+:func:`qkv.flex_attention` with ``need_weights=True`` on the chosen heads and rows
+(:mod:`qkv.inspect.weights`), for any mod, at the kernel's cost.
+
 Hooks that replace ``hook_q``/``hook_k`` are seen by capture whatever the order they were
 attached in; one that replaces the whole ``hook_inputs`` record is seen only when attached
 before :func:`capture` starts (hooks run in the order they were added).

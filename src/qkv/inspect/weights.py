@@ -10,6 +10,11 @@ and the mask parts) the weights are rebuilt in two passes over just the requeste
 2. :func:`qkv.attention.weights.rebuild` turns ``exp(s - lse)`` into the weights of that
    block. Asking for the last row of 4,096 costs one row, not 4,096.
 
+A programmable-attention call (a ``score_mod`` or block mask: a flex record) is rebuilt by
+:func:`qkv.flex_attention` itself with ``need_weights=True`` (``exp(s - lse)`` tile by tile,
+empty tiles skipped) on the requested heads (the mods see the original head indices) and on the
+requested rows from the start of their first query block, so the block mask still lines up.
+
 Nothing here touches the model: the output the model computed is unchanged, bit for bit.
 """
 
@@ -23,6 +28,8 @@ from torch import Tensor
 
 from qkv.attention.backends import flash
 from qkv.attention.call import AttentionCall
+from qkv.attention.flex import flex_attention
+from qkv.attention.flex_blocks import DEFAULT_BLOCK, BlockMask
 from qkv.attention.weights import rebuild
 from qkv.nn.hooks import AttentionInputs
 
@@ -147,6 +154,9 @@ def weight_blocks(
         # Nothing to attend to, or no row asked for: all-zero weights, as SDPA gives.
         yield span.start, inputs.query.new_zeros((B, len(head_list), n, S))
         return
+    if inputs.is_flex:
+        yield from _flex_blocks(inputs, head_list, span, step)
+        return
     call = _head_call(inputs, head_list)
     if call.alibi is not None and call.causal is None:
         # ALiBi distances without a causal diagonal are measured from S - T, which a call on
@@ -161,6 +171,45 @@ def weight_blocks(
         block = _row_call(call, i0, min(i0 + step, span.stop))
         _, lse = flash.attend(block)  # (B, H', rows)
         yield i0, rebuild(block, lse)  # (B, H', rows, S)
+
+
+def _flex_blocks(
+    inputs: AttentionInputs, heads: list[int], span: slice, step: int
+) -> Iterator[tuple[int, Tensor]]:
+    """Weight blocks of a flex record: :func:`qkv.flex_attention` on the chosen heads and rows."""
+    score_mod, block_mask = inputs.flex_parts()
+    q, k = inputs.query.detach(), inputs.key.detach()
+    idx = torch.tensor(heads, dtype=torch.long, device=q.device)
+    kv = idx // (q.shape[1] // k.shape[1])  # the key/value head each chosen query head reads
+    qh, kh = q[:, idx], k[:, kv]  # (B, H', T, D), (B, H', S, D)
+    v = k.new_zeros((*kh.shape[:-1], 1))  # (B, H', S, 1): the output is not needed
+    bq = DEFAULT_BLOCK if block_mask is None else block_mask.block_size[0]
+    for i0 in range(span.start, span.stop, step):
+        i1 = min(i0 + step, span.stop)
+        a0 = i0 // bq * bq  # the first row of i0's query block: the tiles keep their rows
+        mod = None if score_mod is None else _moved_score(score_mod, idx, a0)
+        bm = None if block_mask is None else _moved_mask(block_mask, idx, a0, i1)
+        _, w = flex_attention(qh[:, :, a0:i1], kh, v, mod, bm, inputs.scale,
+                              need_weights=True)  # fmt: skip
+        yield i0, w[:, :, i0 - a0 :]  # (B, H', i1 - i0, S)
+
+
+def _moved_score(score_mod, idx: Tensor, a0: int):
+    """``score_mod`` seen from heads ``idx`` and queries starting at row ``a0``."""
+    return lambda s, b, h, q_idx, kv_idx: score_mod(s, b, idx[h], q_idx + a0, kv_idx)
+
+
+def _moved_mask(block_mask: BlockMask, idx: Tensor, a0: int, i1: int) -> BlockMask:
+    """``block_mask`` restricted to heads ``idx`` and query rows ``a0 .. i1 - 1`` (``a0`` on a
+    block boundary, so the tile states are a slice of the original ones)."""
+    bq = block_mask.block_size[0]
+    state = block_mask.state
+    if state.shape[1] > 1:
+        state = state[:, idx.cpu()]  # (B|1, H', nQ, nK)
+    state = state[:, :, a0 // bq : -(-i1 // bq)]  # (B|1, H'|1, rows' blocks, nK)
+    mod = block_mask.mask_mod
+    return BlockMask(state, lambda b, h, q_idx, kv_idx: mod(b, idx[h], q_idx + a0, kv_idx),
+                     i1 - a0, block_mask.kv_len, block_mask.block_size)  # fmt: skip
 
 
 def weights_of(inputs: AttentionInputs, heads: object = None, rows: object = None) -> Tensor:

@@ -12,6 +12,11 @@ difference is entirely in :class:`DecoderLMConfig`; the model is assembled from 
 Padding: batches of prompts are left-padded for generation; pass ``attention_mask`` (1 = real
 token) over every cached and new position and ``positions`` counting only real tokens, and each
 row computes what it computes alone.
+
+Packed rows: ``document_ids (B, T)`` says which document each position belongs to; attention
+then never crosses documents (a document block mask AND causal, on the blockwise flex kernel)
+and positions restart at 0 in each document (learned, sinusoidal, RoPE; ALiBi distances are
+only ever measured inside a document). Each document computes what it computes alone.
 """
 
 from __future__ import annotations
@@ -26,9 +31,12 @@ from qkv.models.parts import (
     ModelBase,
     add_positions,
     check_cache,
+    check_document_ids,
     check_ids,
     check_length,
     check_positions,
+    document_block_mask,
+    document_positions,
     init_gpt_style,
     make_positions,
     padding_keep_mask,
@@ -214,6 +222,7 @@ class DecoderLM(ModelBase):
         attention_mask: Tensor | None = None,
         cache: KVCache | None = None,
         positions: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
         """Next-token logits for every position.
 
@@ -226,20 +235,40 @@ class DecoderLM(ModelBase):
             positions: ``(B, T)`` or ``(T,)`` positions of the new tokens (left-padded rows
                 count from their first real token); default ``cache.length + arange(T)``.
                 Read by learned, sinusoidal and rotary positions; ALiBi depends only on
-                distances, which left padding does not change.
+                distances, which left padding does not change. With ``document_ids`` the
+                default restarts at 0 at each document.
+            document_ids: ``(B, T)`` integer ids of packed documents (each one contiguous run
+                of a row; see :func:`qkv.data.packing.pack_documents`): a position attends
+                only to earlier positions of its own document. Not with ``cache`` or
+                ``attention_mask`` (padding in a packed row is a document of its own).
 
         Returns:
             ``(B, T, V)`` logits.
 
         Raises:
-            TypeError: non-integer ids or positions, a cache that is not a ``KVCache``.
-            ValueError: ids out of ``[0, V)``, an input beyond ``max_len`` (learned positions),
-                masks or positions of the wrong shape, a cache with another layer count.
+            TypeError: non-integer ids, positions or document ids, a cache that is not a
+                ``KVCache``.
+            ValueError: ids out of ``[0, V)``, an input (a document, when packed) beyond
+                ``max_len`` (learned positions), masks, positions or document ids of the wrong
+                shape, a cache with another layer count, ``document_ids`` with a cache or an
+                attention mask.
         """
         c = self.config
         B, T = check_ids("input_ids", input_ids, c.vocab_size).shape
         cache = check_cache(cache, c.num_layers)
         offset = 0 if cache is None else cache.length
+        block_mask = None
+        if document_ids is not None:
+            if cache is not None or attention_mask is not None:
+                raise ValueError(
+                    "document_ids (packed rows) cannot be combined with a cache or an "
+                    "attention_mask: generate one document at a time, and give padding a "
+                    "document id of its own instead of masking it"
+                )
+            document_ids = check_document_ids(document_ids, B, T)
+            block_mask = document_block_mask(document_ids)  # once for every block
+            if positions is None:
+                positions = document_positions(document_ids)  # (B, T)
         positions = check_positions(positions, B, T, max_len=self.position_limit)
         if positions is None:
             check_length("input_ids", T, offset, self.position_limit)
@@ -254,7 +283,7 @@ class DecoderLM(ModelBase):
         for i, block in enumerate(self.blocks):
             h = block(
                 h, mask=mask, is_causal=causal, cache=None if cache is None else cache[i],
-                positions=positions,
+                positions=positions, block_mask=block_mask,
             )  # (B, T, E)
         if self.norm_f is not None:
             h = self.norm_f(h)

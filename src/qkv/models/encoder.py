@@ -9,6 +9,10 @@ LayerNorm, then per block separate ``q_proj``/``k_proj``/``v_proj`` with biases,
 post-norm LayerNorms ``attn_norm`` and ``ffn_norm``, and the feed-forward ``linear1``/
 ``linear2``. Padding is hidden from every attention through ``attention_mask``; the hidden
 states at padded positions are computed but meaningless, and pooling skips them.
+
+Packed rows: ``document_ids (B, S)`` keeps attention inside each document (a document block
+mask on the blockwise flex kernel) and restarts positions at 0 in each one, so each document's
+hidden states are those it gets alone.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ from qkv.models.config import ACTIVATIONS, NORM_PLACEMENTS, POSITIONS, ConfigBas
 from qkv.models.parts import (
     ModelBase,
     add_positions,
+    check_document_ids,
     check_ids,
     check_length,
     check_positions,
+    document_block_mask,
+    document_positions,
     init_gpt_style,
     make_positions,
     padding_keep_mask,
@@ -146,6 +153,7 @@ class Encoder(ModelBase):
         token_type_ids: Tensor | None = None,
         *,
         positions: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
         """Contextual hidden states.
 
@@ -156,31 +164,47 @@ class Encoder(ModelBase):
             token_type_ids: ``(B, S)`` segment ids in ``[0, type_vocab_size)``; None = all 0.
             positions: ``(B, S)`` or ``(S,)`` positions of the tokens; default ``arange(S)``.
                 Read by learned, sinusoidal and rotary positions (a shard of a longer
-                sequence passes its global positions, as context parallelism does).
+                sequence passes its global positions, as context parallelism does). With
+                ``document_ids`` the default restarts at 0 at each document.
+            document_ids: ``(B, S)`` integer ids of packed documents (each one contiguous
+                run): a position attends only to its own document. ``pad_id`` then builds
+                no mask (padding is a document of its own), and ``attention_mask`` is refused.
 
         Returns:
             ``(B, S, E)``.
 
         Raises:
-            TypeError, ValueError: bad ids or token types (type, shape, range), an input
-                beyond ``max_len`` with learned positions, a mask of the wrong shape.
+            TypeError, ValueError: bad ids, token types or document ids (type, shape, range),
+                an input (a document, when packed) beyond ``max_len`` with learned positions,
+                a mask of the wrong shape, ``document_ids`` with an ``attention_mask``.
         """
         c = self.config
         B, S = check_ids("input_ids", input_ids, c.vocab_size).shape
+        block_mask = None
+        if document_ids is not None:
+            if attention_mask is not None:
+                raise ValueError(
+                    "document_ids (packed rows) cannot be combined with an attention_mask: "
+                    "give padding a document id of its own instead of masking it"
+                )
+            document_ids = check_document_ids(document_ids, B, S)
+            block_mask = document_block_mask(document_ids)  # once for every block
+            if positions is None:
+                positions = document_positions(document_ids)  # (B, S)
         positions = check_positions(positions, B, S, max_len=self.position_limit)
         if positions is None:
             check_length("input_ids", S, 0, self.position_limit)
         mask = None
         if attention_mask is not None:
             mask = padding_keep_mask("attention_mask", attention_mask, B, S)
-        elif c.pad_id is not None:
+        elif c.pad_id is not None and block_mask is None:  # packed: the documents separate
             mask = (input_ids != c.pad_id)[:, None, None, :]  # (B, 1, 1, S)
 
         h = add_positions(self.pos, self.embed(input_ids), positions=positions)  # (B, S, E)
         h = h + self._token_types(token_type_ids, B, S)
         h = self.drop(self.embed_norm(h))
         for block in self.blocks:
-            h = block(h, mask=mask, positions=positions)  # (B, S, E)
+            h = block(h, mask=mask, positions=positions, block_mask=block_mask)  # (B, S, E)
         return h if self.norm_f is None else self.norm_f(h)
 
     def _token_types(self, token_type_ids: Tensor | None, B: int, S: int) -> Tensor | float:

@@ -5,6 +5,11 @@ Positions are data, not branches: :func:`make_positions` turns a config's ``posi
 keyword arguments the blocks' self-attention takes (``rope=``, ``alibi=``). A model adds
 ``parts.added`` when it is not None and passes ``parts.attention`` to every block; it never
 asks which scheme it has.
+
+Packed rows: :func:`check_document_ids`, :func:`document_positions` and
+:func:`document_block_mask` give a model what it needs to run several documents in one row as
+if each ran alone: positions that restart at each document and a block mask that keeps
+attention inside its document (:func:`qkv.attention.mods.document_mask`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from qkv.attention.flex_blocks import BlockMask, create_block_mask
+from qkv.attention.mods import document_mask
 from qkv.nn.cache import KVCache
 from qkv.nn.positions import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from qkv.nn.rope import RotaryEmbedding
@@ -24,8 +31,11 @@ __all__ = [
     "PositionParts",
     "add_positions",
     "check_cache",
+    "check_document_ids",
     "check_ids",
     "check_positions",
+    "document_block_mask",
+    "document_positions",
     "init_gpt_style",
     "init_xavier",
     "make_positions",
@@ -199,6 +209,66 @@ def padding_keep_mask(name: str, mask: object, B: int, S: int) -> Tensor:
             )
         mask = mask != 0
     return mask[:, None, None, :]  # (B, 1, 1, S)
+
+
+def check_document_ids(document_ids: object, B: int, T: int) -> Tensor:
+    """Check packed-row document ids: integers ``(B, T)``, each document one contiguous run.
+
+    Any integer may name a document (padding at a row's end is a document of its own, as
+    :func:`qkv.data.packing.pack_documents` writes it); the same id in two separate runs of a
+    row would join them into one document whose positions restart mid-way, so it is refused.
+
+    Raises:
+        TypeError: not an integer tensor.
+        ValueError: a shape other than ``(B, T)``, or a document split into separate runs.
+    """
+    if not isinstance(document_ids, Tensor) or document_ids.is_floating_point() or (
+        document_ids.dtype == torch.bool or document_ids.is_complex()
+    ):
+        raise TypeError(
+            f"document_ids must be an integer tensor (B, T) or None, got {document_ids!r:.80}"
+        )
+    if tuple(document_ids.shape) != (B, T):
+        raise ValueError(
+            f"document_ids must have the shape of input_ids ({B}, {T}), got "
+            f"{_shape(document_ids)}"
+        )
+    starts = _starts(document_ids)  # (B, T)
+    runs = starts.sum(dim=1)  # (B,)
+    for b in range(B):
+        if int(runs[b]) != int(document_ids[b].unique().numel()):
+            raise ValueError(
+                f"document_ids row {b} uses a document id in more than one separate run; each "
+                "document must be one contiguous run of positions (give every run its own id)"
+            )
+    return document_ids
+
+
+def _starts(document_ids: Tensor) -> Tensor:
+    """``(B, T)`` bool: True where a new document starts (position 0 and every id change)."""
+    starts = torch.ones_like(document_ids, dtype=torch.bool)  # (B, T)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    return starts
+
+
+def document_positions(document_ids: Tensor) -> Tensor:
+    """Positions that restart at 0 at each document: ``(B, T)`` long.
+
+    ``positions[b, t] = t - (first position of t's document)``: what each token's position
+    would be were its document run alone.
+    """
+    B, T = document_ids.shape
+    t = torch.arange(T, device=document_ids.device).expand(B, T)  # (B, T)
+    first = torch.where(_starts(document_ids), t, torch.zeros_like(t))  # (B, T)
+    return t - first.cummax(dim=1).values  # (B, T)
+
+
+def document_block_mask(document_ids: Tensor) -> BlockMask:
+    """The block mask of "same document" for ``(B, T)`` ids, one per batch row, all heads."""
+    B, T = document_ids.shape
+    return create_block_mask(
+        document_mask(document_ids), B, None, T, T, device=document_ids.device
+    )
 
 
 def check_cache(cache: object, num_layers: int) -> KVCache | None:

@@ -20,18 +20,28 @@ Dv)`` after rotary positions and the cache (a replacement changes this call, not
 cache holds); ``hook_inputs`` (the :class:`~qkv.nn.hooks.AttentionInputs` record);
 ``hook_scores`` and ``hook_weights`` ``(B, H, T, S)``, formed only while a hook listens (then
 this layer runs the math backend); ``hook_out (B, H, T, Dv)``, the per-head outputs.
+
+Programmable attention: ``forward(..., score_mod=, block_mask=)`` takes torch's FlexAttention
+functions (:func:`qkv.flex_attention`, :func:`qkv.create_block_mask`, the ready ones in
+:mod:`qkv.attention.mods`) and runs them on the blockwise kernel; ``mask``, ``is_causal``,
+RoPE, ALiBi and the cache combine with them (see :mod:`qkv.nn.core`). They are call-time
+arguments, not constructor ones: a function is not configuration.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
 from qkv.attention import masks
+from qkv.attention.flex_blocks import BlockMask
 from qkv.checks import positive_int
 from qkv.nn.alibi import alibi_bias, alibi_slopes
 from qkv.nn.cache import LayerKVCache
 from qkv.nn.core import AttentionCore
+from qkv.nn.hooks import check_flex_args
 from qkv.nn.rope import RotaryEmbedding
 
 __all__ = ["Attention"]
@@ -144,6 +154,8 @@ class Attention(AttentionCore):
         cache: LayerKVCache | None = None,
         positions: Tensor | None = None,
         need_weights: bool = False,
+        score_mod: Callable | None = None,
+        block_mask: BlockMask | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` to itself (self-attention) or to ``context`` (cross-attention).
 
@@ -161,6 +173,13 @@ class Attention(AttentionCore):
             positions: integer positions ``(T,)`` or ``(B, T)`` of the new tokens for RoPE
                 (default: ``cache.length + arange(T)``); only rotary embeddings read them.
             need_weights: also return the attention weights.
+            score_mod: ``(score, b, h, q_idx, kv_idx) -> score`` on the scaled scores
+                (:func:`qkv.flex_attention`), or None. ALiBi and ``mask`` apply after it.
+            block_mask: a :class:`~qkv.attention.flex_blocks.BlockMask` for ``(T, S)``
+                (:func:`qkv.create_block_mask` with ``B`` and ``H`` None, 1 or this call's),
+                or None; ``is_causal`` is AND-ed into it. With ``score_mod`` or
+                ``block_mask`` the call runs :func:`qkv.flex_attention` (dense when attention
+                dropout is on in training, or a hook reads the scores or weights).
 
         Returns:
             ``(out (B, T, E), weights (B, H, T, S))``, weights None unless ``need_weights``.
@@ -171,7 +190,8 @@ class Attention(AttentionCore):
             TypeError: non-tensor inputs or masks, a cache that is not a ``LayerKVCache``.
             ValueError: wrong ranks or widths, a context batch different from ``x``'s, no
                 context when ``d_context != d_model``, RoPE or ALiBi with a context, masks
-                that do not broadcast, cache mismatches.
+                that do not broadcast, cache mismatches, a ``block_mask`` made for other
+                lengths (``S`` counts cached keys), batch or heads.
         """
         self._check_inputs(x, context, cache)
         q = self._split(self.q_proj(x), self.num_heads)  # (B, H, T, D)
@@ -183,11 +203,12 @@ class Attention(AttentionCore):
         if mask is not None:
             # The one check of the user's mask (this is the public boundary).
             mask = masks.check_attn_mask(mask, (B, H, T, S), name="mask", dtype=x.dtype)
+        check_flex_args(score_mod, block_mask, B, H, T, S)
         mask, causal_flag, slopes = self._mask(mask, is_causal, T, S, x)
         out, weights = self.attend(
             q, k, v, mask=mask, is_causal=causal_flag, alibi_slopes=slopes,
             dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights,
-            cross=context is not None,
+            cross=context is not None, score_mod=score_mod, block_mask=block_mask,
         )  # (B, H, T, Dv)
         return self.out_proj(self._merge(out)), weights
 

@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
+from qkv.attention.flex_blocks import BlockMask
 from qkv.nn.attention import Attention
 from qkv.nn.cache import LayerKVCache
 from qkv.nn.feedforward import make_feedforward
@@ -148,6 +149,8 @@ class TransformerBlock(nn.Module):
         context_mask: Tensor | None = None,
         cache: LayerKVCache | None = None,
         positions: Tensor | None = None,
+        score_mod: Callable | None = None,
+        block_mask: BlockMask | None = None,
     ) -> Tensor:
         """Run the block on ``x``.
 
@@ -166,6 +169,10 @@ class TransformerBlock(nn.Module):
                 are stored once and reused).
             positions: ``(T,)`` or ``(B, T)`` integer positions for RoPE (default: after the
                 cached tokens).
+            score_mod: the self-attention's ``score_mod`` (:func:`qkv.flex_attention`).
+            block_mask: the self-attention's block mask for ``(T, S)`` (e.g. a document mask
+                for packed rows); ``is_causal`` is AND-ed into it. The cross-attention takes
+                neither.
 
         Returns:
             ``(B, T, E)``.
@@ -184,7 +191,8 @@ class TransformerBlock(nn.Module):
 
         def self_attention(h: Tensor) -> Tensor:
             out, _ = self.self_attn(
-                h, mask=mask, is_causal=is_causal, cache=cache, positions=positions
+                h, mask=mask, is_causal=is_causal, cache=cache, positions=positions,
+                score_mod=score_mod, block_mask=block_mask,
             )
             return self.dropout(self.hook_attn_out(out))
 

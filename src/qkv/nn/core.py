@@ -19,6 +19,16 @@ does the rest, written once:
    inputs: the precision the output is computed in);
 3. weights on request, and ``hook_out (B, H, T, Dv)``, the per-head outputs before merging.
 
+Programmable attention: with a ``score_mod`` and/or a ``block_mask`` (torch's FlexAttention
+arguments) step 2 is :func:`qkv.flex_attention` on the blockwise kernel instead (grouped-query
+heads with ``enable_gqa``), after the record's other mask parts are folded in
+(:meth:`~qkv.nn.hooks.AttentionInputs.flex_parts`: ``is_causal`` AND-ed into the block mask,
+ALiBi and a mask tensor applied after ``score_mod``). Weights on request come from the
+kernel's log-sum-exp. Two cases run a dense ``(B, H, T, S)`` version of the same definition
+instead, because the kernel forms no weights to drop or hook: attention dropout
+(``dropout_p > 0``: the blockwise kernel has none) and a hook on ``hook_scores`` /
+``hook_weights``. A replaced kernel (``core.kernel``) does not take flex calls.
+
 Validation happens once, at the public boundary (the module's ``forward``): the core trusts
 its arguments. A hook that replaces the ``hook_inputs`` record is checked like a user call.
 
@@ -32,13 +42,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor, nn
 
 from qkv.attention.backends import math as math_backend
+from qkv.attention.flex import flex_attention
+from qkv.attention.flex_blocks import BlockMask, index_grid, tile_keep
+from qkv.attention.masks import accumulation_dtype
 from qkv.attention.sdpa import run_call
 from qkv.nn.hooks import AttentionInputs, HookPoint, listening
 
-__all__ = ["AttentionCore"]
+__all__ = ["AttentionCore", "flex_dense"]
 
 
 class AttentionCore(nn.Module):
@@ -71,6 +85,8 @@ class AttentionCore(nn.Module):
         need_weights: bool = False,
         cross: bool = False,
         scale: float | None = None,
+        score_mod: Callable | None = None,
+        block_mask: BlockMask | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attention of heads that are already projected; the arguments are trusted.
 
@@ -87,6 +103,11 @@ class AttentionCore(nn.Module):
             need_weights: also return the weights ``(B, H, T, S)`` (after dropout, as SDPA).
             cross: the keys come from another sequence (recorded for :mod:`qkv.inspect`).
             scale: factor on ``q·k``; ``1/sqrt(D)`` when None.
+            score_mod: ``(score, b, h, q_idx, kv_idx) -> score`` (:func:`qkv.flex_attention`)
+                or None.
+            block_mask: a ``BlockMask`` for ``(T, S)`` (:func:`qkv.create_block_mask`) or None.
+                With either, the call runs :func:`qkv.flex_attention` (see the module
+                docstring for how ``mask``, ``is_causal`` and ``alibi_slopes`` combine).
 
         Returns:
             ``(out (B, H, T, Dv), weights (B, H, T, S) or None)``; rows with no visible key
@@ -96,11 +117,15 @@ class AttentionCore(nn.Module):
         inputs = AttentionInputs(
             q, k, v, attn_mask=mask, is_causal=is_causal, alibi_slopes=alibi_slopes,
             enable_gqa=q.shape[1] != k.shape[1], dropout_p=dropout_p, cross=cross, scale=scale,
+            score_mod=score_mod, block_mask=block_mask,
         )
         if self.hook_inputs.listening:
             replaced = self.hook_inputs(inputs)
             # A replaced record comes from user code: it is validated like a user call.
             inputs = replaced if replaced is inputs else replaced.checked()
+        if inputs.is_flex:
+            out, weights = self._flex(inputs, need_weights)
+            return self.hook_out(out), weights  # (B, H, T, Dv), (B, H, T, S) | None
         call = inputs.to_call(need_weights)
         if self.kernel is not None:
             if listening(self.hook_scores, self.hook_weights):
@@ -118,3 +143,73 @@ class AttentionCore(nn.Module):
         else:
             out, weights = run_call(call)
         return self.hook_out(out), weights  # (B, H, T, Dv), (B, H, T, S) | None
+
+    def _flex(self, inputs: AttentionInputs, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """A flex record: the blockwise kernel, or the dense path when weights must exist."""
+        if self.kernel is not None:
+            raise RuntimeError(
+                "score_mod/block_mask cannot run while this module's kernel call is replaced "
+                "(e.g. by qkv.distributed.context_parallel); call the model on one process"
+            )
+        score_mod, block_mask = inputs.flex_parts()
+        if inputs.dropout_p > 0.0 or listening(self.hook_scores, self.hook_weights):
+            return flex_dense(
+                inputs, score_mod, block_mask, need_weights=need_weights,
+                on_scores=self.hook_scores, on_weights=self.hook_weights,
+            )
+        result = flex_attention(
+            inputs.query, inputs.key, inputs.value, score_mod, block_mask, inputs.scale,
+            enable_gqa=inputs.enable_gqa, need_weights=need_weights,
+        )
+        return result if need_weights else (result, None)
+
+
+def flex_dense(
+    inputs: AttentionInputs,
+    score_mod: Callable | None,
+    block_mask: BlockMask | None,
+    *,
+    need_weights: bool = False,
+    on_scores: Callable[[Tensor], Tensor] | None = None,
+    on_weights: Callable[[Tensor], Tensor] | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`qkv.flex_attention`'s definition on the whole ``(B, H, T, S)`` grid at once.
+
+    The scores ``(q·scale)·kᵀ`` go through ``score_mod``, then ``block_mask.mask_mod`` hides
+    keys (evaluated everywhere: a full tile is all True and an empty one all False, so this is
+    the block mask's meaning), then ``on_scores``, the softmax (rows with no visible key give
+    zeros), ``on_weights`` and dropout ``inputs.dropout_p``. Half precision is computed in
+    float32. O(T·S) memory, as the math backend.
+
+    Returns:
+        ``(out (B, H, T, Dv), weights (B, H, T, S) after dropout, or None)``.
+    """
+    q, k, v = inputs.query, inputs.key, inputs.value
+    B, H, T, D = q.shape
+    S, G = k.shape[2], q.shape[1] // k.shape[1]
+    acc = accumulation_dtype(q.dtype)
+    scale = inputs.scale if inputs.scale is not None else 1.0 / D**0.5
+    if G > 1:
+        k = k.repeat_interleave(G, dim=1)  # (B, H, S, D)
+        v = v.repeat_interleave(G, dim=1)  # (B, H, S, Dv)
+    # 1) Scores, scaled as the kernel scales them (the queries first).
+    scores = (q.to(acc) * scale) @ k.to(acc).transpose(-2, -1)  # (B, H, T, S)
+    grid = index_grid(B, H, range(T), range(S), q.device)
+    # 2) The user's score_mod (and the folded ALiBi and mask tensor), then the mask_mod.
+    if score_mod is not None:
+        scores = torch.broadcast_to(score_mod(scores, *grid), (B, H, T, S))
+    if block_mask is not None:
+        keep = tile_keep(block_mask.mask_mod, B, H, range(T), range(S), q.device)
+        scores = scores.masked_fill(~keep, float("-inf"))  # (B, H, T, S)
+    if on_scores is not None:
+        scores = on_scores(scores).to(acc)
+    # 3) Softmax over the keys; dead rows give zeros.
+    weights = math_backend.softmax_rows(scores)
+    if on_weights is not None:
+        weights = on_weights(weights).to(acc)
+    # 4) Dropout on the weights (training only), then the weighted sum of the values.
+    applied = weights
+    if inputs.dropout_p > 0.0:
+        applied = torch.nn.functional.dropout(weights, inputs.dropout_p, training=True)
+    out = (applied @ v.to(acc)).to(q.dtype)  # (B, H, T, Dv)
+    return out, applied.to(q.dtype) if need_weights else None

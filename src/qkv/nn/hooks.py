@@ -10,9 +10,23 @@ asks for them, and then that one layer runs the math backend instead of the kern
 
 :class:`AttentionInputs` is what an attention module hands to
 :func:`qkv.scaled_dot_product_attention`: queries and keys after rotary positions and the KV
-cache, and the mask parts (keep/float mask, causal alignment, ALiBi slopes). Its hook point
-(``hook_inputs``) lets :mod:`qkv.inspect` rebuild exact weights for chosen heads and rows
-without touching the model's own call.
+cache, and the mask parts (keep/float mask, causal alignment, ALiBi slopes), and, for
+programmable attention, the ``score_mod`` and ``block_mask`` of :func:`qkv.flex_attention`.
+Its hook point (``hook_inputs``) lets :mod:`qkv.inspect` rebuild exact weights for chosen heads
+and rows without touching the model's own call.
+
+A record with a ``score_mod`` or a ``block_mask`` is a *flex* record: :meth:`AttentionInputs.
+flex_parts` folds its other mask parts into the pair :func:`qkv.flex_attention` takes, so
+whoever runs or rebuilds it (the core, :mod:`qkv.inspect`) sees one definition:
+
+1. ``score_mod`` runs first, on the scaled scores ``q·k·scale`` exactly as in
+   :func:`qkv.flex_attention`;
+2. then the ALiBi bias ``-slope_h·|i + a - j|`` and a float ``attn_mask`` are added and a
+   boolean ``attn_mask`` hides keys (``-inf``), all read per tile by index (so a ``score_mod``
+   such as a soft cap never turns a hidden key back into a visible one);
+3. ``is_causal`` is AND-ed into the block mask: its tile states come in closed form
+   (``min`` of the two states: empty if either is, full if both are) and its ``mask_mod``
+   gains the causal term; the user's ``mask_mod`` is not evaluated again.
 """
 
 from __future__ import annotations
@@ -23,10 +37,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from qkv.attention.call import AttentionCall, causal_shift, make_call
+from qkv.attention.flex_blocks import (
+    DEFAULT_BLOCK,
+    EMPTY,
+    FULL,
+    PARTIAL,
+    BlockMask,
+    and_masks,
+)
 
 __all__ = ["AttentionInputs", "HookPoint", "listening"]
 
@@ -78,6 +101,9 @@ class AttentionInputs:
         dropout_p: dropout on the weights (0 in evaluation).
         cross: keys come from a context (cross-attention), not from the queries' sequence.
         scale: factor on ``q·k`` (None: ``1/sqrt(D)``).
+        score_mod: ``(score, b, h, q_idx, kv_idx) -> score`` of :func:`qkv.flex_attention`,
+            or None.
+        block_mask: a :class:`~qkv.attention.flex_blocks.BlockMask` for ``(T, S)``, or None.
     """
 
     query: Tensor
@@ -90,13 +116,46 @@ class AttentionInputs:
     dropout_p: float = 0.0
     cross: bool = False
     scale: float | None = None
+    score_mod: Callable | None = None
+    block_mask: BlockMask | None = None
+
+    @property
+    def is_flex(self) -> bool:
+        """Whether this call runs :func:`qkv.flex_attention` (a ``score_mod`` or block mask)."""
+        return self.score_mod is not None or self.block_mask is not None
+
+    def flex_parts(self) -> tuple[Callable | None, BlockMask | None]:
+        """``(score_mod, block_mask)`` for :func:`qkv.flex_attention`, with this record's
+        ``attn_mask``, ALiBi slopes and ``is_causal`` folded in (see the module docstring)."""
+        q, k = self.query, self.key
+        B, H, T, S = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        shift = causal_shift(self.is_causal, T, S)
+        after = []  # what follows the user's score_mod, in order
+        if self.alibi_slopes is not None:
+            after.append(_alibi_mod(self.alibi_slopes, S - T if shift is None else shift))
+        if self.attn_mask is not None:
+            after.append(_tensor_mod(self.attn_mask, B, H, T, S))
+        score_mod = _chain(self.score_mod, after)
+        block_mask = self.block_mask
+        if shift is not None:
+            block_mask = _and_causal(block_mask, shift, T, S)
+        return score_mod, block_mask
 
     def to_call(self, need_weights: bool = False) -> AttentionCall:
         """This record as the :class:`~qkv.attention.call.AttentionCall` the backends run.
 
         No validation: the record was built by an attention module from checked arguments
         (``attn_mask`` 4-D, ``alibi_slopes`` float32), or passed :meth:`checked`.
+
+        Raises:
+            ValueError: a flex record (its ``score_mod``/``block_mask`` have no
+                ``AttentionCall`` form: use :meth:`flex_parts`).
         """
+        if self.is_flex:
+            raise ValueError(
+                "this AttentionInputs record has a score_mod or block_mask: run it with "
+                "qkv.flex_attention(..., *record.flex_parts()), not as an AttentionCall"
+            )
         q, k = self.query, self.key
         T, S, D = q.shape[2], k.shape[2], q.shape[3]
         scale = self.scale if self.scale is not None else 1.0 / math.sqrt(D) if D else 1.0
@@ -123,4 +182,106 @@ class AttentionInputs:
             self.query, self.key, self.value, self.attn_mask, self.dropout_p, self.is_causal,
             self.scale, self.enable_gqa, False, None, self.alibi_slopes,
         )
+        check_flex_args(self.score_mod, self.block_mask, call.query.shape[0], call.num_heads,
+                        call.T, call.S, "AttentionInputs.")  # fmt: skip
         return dataclasses.replace(self, attn_mask=call.mask, alibi_slopes=call.alibi)
+
+
+def check_flex_args(score_mod: object, block_mask: object, B: int, H: int, T: int, S: int,
+                    prefix: str = "") -> None:  # fmt: skip
+    """Check a ``score_mod`` and ``block_mask`` for a ``(B, H, T, S)`` attention.
+
+    Raises:
+        TypeError: ``score_mod`` not callable, ``block_mask`` not a ``BlockMask``.
+        ValueError: a block mask made for other lengths, batch or heads.
+    """
+    if score_mod is not None and not callable(score_mod):
+        raise TypeError(
+            f"{prefix}score_mod must be a function (score, b, h, q_idx, kv_idx) -> score or "
+            f"None, got {type(score_mod).__name__}"
+        )
+    if block_mask is None:
+        return
+    if not isinstance(block_mask, BlockMask):
+        raise TypeError(
+            f"{prefix}block_mask must be a BlockMask (qkv.create_block_mask) or None, got "
+            f"{type(block_mask).__name__}"
+        )
+    if (block_mask.q_len, block_mask.kv_len) != (T, S):
+        raise ValueError(
+            f"{prefix}block_mask was made for Q_LEN={block_mask.q_len}, KV_LEN="
+            f"{block_mask.kv_len}, but this attention has T={T} queries and S={S} keys "
+            "(S counts cached keys too)"
+        )
+    b, h = block_mask.state.shape[:2]
+    if b not in (1, B) or h not in (1, H):
+        raise ValueError(
+            f"{prefix}block_mask was made for B={b}, H={h}; this attention has B={B}, H={H} "
+            "(make it with B and H equal to those, or None for 'the same for all')"
+        )
+
+
+def _alibi_mod(slopes: Tensor, shift: int) -> Callable:
+    """``score - slope_h·|q + shift - kv|`` (the bias of :func:`qkv.attention.masks.alibi_bias`)."""
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        distance = (q_idx + shift - kv_idx).abs().to(score.dtype)  # (1, 1, bq, bk)
+        return score - slopes.to(score.dtype)[h] * distance  # (B|1, H, bq, bk)
+
+    return alibi
+
+
+def _tensor_mod(mask: Tensor, B: int, H: int, T: int, S: int) -> Callable:
+    """A 4-D keep or float mask read per tile by index: hides (``-inf``) or adds."""
+    m = mask.expand(B, H, T, S)  # (B, H, T, S), a view: nothing is copied
+
+    if m.dtype == torch.bool:
+        def hide(score, b, h, q_idx, kv_idx):
+            return score.masked_fill(~m[b, h, q_idx, kv_idx], float("-inf"))
+
+        return hide
+
+    def add(score, b, h, q_idx, kv_idx):
+        return score + m[b, h, q_idx, kv_idx].to(score.dtype)
+
+    return add
+
+
+def _chain(first: Callable | None, after: list[Callable]) -> Callable | None:
+    """One ``score_mod``: ``first`` (the user's), then each of ``after`` in order."""
+    if not after:
+        return first
+    mods = ([first] if first is not None else []) + after
+
+    def chained(score, b, h, q_idx, kv_idx):
+        for mod in mods:
+            score = mod(score, b, h, q_idx, kv_idx)
+        return score
+
+    return chained
+
+
+# Tile states are ordered EMPTY < PARTIAL < FULL, so the state of an AND is the minimum.
+assert EMPTY < PARTIAL < FULL
+
+
+def _and_causal(block_mask: BlockMask | None, shift: int, T: int, S: int) -> BlockMask:
+    """``block_mask`` AND "key ``j <= i + shift``", its tile states in closed form."""
+    bq, bk = (DEFAULT_BLOCK, DEFAULT_BLOCK) if block_mask is None else block_mask.block_size
+    nq, nk = -(-T // bq), -(-S // bk)
+    first_row = torch.arange(nq) * bq  # (nQ,)
+    last_row = torch.clamp(first_row + bq, max=T) - 1
+    first_col = torch.arange(nk) * bk  # (nK,)
+    last_col = torch.clamp(first_col + bk, max=S) - 1
+    empty = first_col[None, :] > last_row[:, None] + shift  # (nQ, nK)
+    full = last_col[None, :] <= first_row[:, None] + shift  # (nQ, nK)
+    state = torch.full((nq, nk), PARTIAL, dtype=torch.uint8)
+    state[empty], state[full] = EMPTY, FULL
+
+    def causal(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx + shift
+
+    if block_mask is None:
+        return BlockMask(state[None, None], causal, T, S, (bq, bk))  # (1, 1, nQ, nK)
+    combined = torch.minimum(block_mask.state, state.to(block_mask.state.device))
+    return BlockMask(combined, and_masks(block_mask.mask_mod, causal), T, S, (bq, bk))

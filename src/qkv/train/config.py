@@ -49,6 +49,10 @@ class TrainConfig:
         batch_tokens: padded tokens per seq2seq micro-batch (length-bucketed), instead of
             ``batch_size``.
         block_size: window length ``T`` for language-model training.
+        pack: language models trained on documents (:func:`~qkv.train.train_lm` given a list
+            of token-id documents): pack several documents into each row of ``block_size``
+            positions, with document ids (no attention across documents, positions restart;
+            :mod:`qkv.data.packing`), instead of one document per padded row.
         lr: peak learning rate (reached at the end of the warm-up).
         schedule: ``"inverse_sqrt"`` (the paper's: linear warm-up, then ``lr * sqrt(warmup /
             step)``; see :func:`qkv.train.schedules.paper_peak_lr`), ``"cosine"`` (linear
@@ -98,6 +102,7 @@ class TrainConfig:
     batch_size: int | None = None
     batch_tokens: int | None = None
     block_size: int = 128
+    pack: bool = False
     lr: float = 1e-3
     schedule: str = "inverse_sqrt"
     warmup: int = 100
@@ -147,7 +152,7 @@ class TrainConfig:
         ):
             raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
         object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
-        for name in ("bf16", "fsdp", "progress", "plot"):
+        for name in ("bf16", "fsdp", "progress", "plot", "pack"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.device, str) or not self.device:

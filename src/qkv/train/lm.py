@@ -8,6 +8,15 @@ windows, so its numbers do not depend on a seed.
 Under ``torchrun`` (an initialised process group of several ranks) :func:`train_lm` trains
 data-parallel (:mod:`qkv.train.parallel`), and its evaluations split the windows across the
 ranks and add up their sums (``evaluate_lm(..., distributed=True)``).
+
+Documents: both functions also take a list of token-id documents instead of a stream (e.g.
+paragraphs, each ``tok.encode(text, add_bos=True, add_eos=True)``). Rows of ``block_size``
+positions are then made once by :func:`~qkv.data.packing.pack_lm`: with ``config.pack``
+(``qkv train --pack``) several documents per row with document ids, passed to the model as
+``document_ids=`` so attention never crosses documents; without it one document per row,
+right-padded (the padded baseline; each batch is cut to its longest row). Targets never cross
+a document's end, and padding counts in no loss and in no token of ``tokens_per_second``.
+Each epoch visits the rows in a seeded random order (seed ``config.seed + epoch``).
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.data.batching import LMBatch, lm_batches
+from qkv.data.packing import IGNORE_INDEX, PackedRows, pack_lm
 from qkv.data.tokenizers import Tokenizer
 from qkv.distributed.data_parallel import all_reduce_sum, current_world, share, slice_rows
 from qkv.train.config import TrainConfig
@@ -27,7 +37,7 @@ from qkv.train.losses import token_loss
 from qkv.train.metrics import perplexity
 from qkv.train.parallel import train_device
 
-__all__ = ["LM_METRICS", "evaluate_lm", "train_lm"]
+__all__ = ["LM_METRICS", "document_batches", "evaluate_lm", "train_lm"]
 
 LM_METRICS = ("loss", "perplexity", "token_accuracy")
 
@@ -48,6 +58,47 @@ def _stream(name: str, ids: Sequence[int] | Tensor, block_size: int, vocab: int 
     return t.long()
 
 
+def _is_documents(ids: object) -> bool:
+    """A list of documents (sequences or 1-D tensors), not one stream of ints."""
+    return isinstance(ids, list | tuple) and len(ids) > 0 and not isinstance(ids[0], int)
+
+
+def _rows(name: str, docs: Sequence, block_size: int, packed: bool, vocab: int | None
+          ) -> PackedRows:  # fmt: skip
+    """Rows of documents for language modelling, checked against the vocabulary."""
+    rows = pack_lm(docs, block_size, packed=packed)
+    if len(rows) == 0:
+        raise ValueError(f"{name} holds no document of 2 or more tokens: nothing to predict")
+    real = rows.targets != IGNORE_INDEX  # (N, T)
+    lo = min(int(rows.tokens[real].min()), int(rows.targets[real].min()))
+    hi = max(int(rows.tokens[real].max()), int(rows.targets[real].max()))
+    if vocab is not None and (lo < 0 or hi >= vocab):
+        raise ValueError(f"{name} has ids outside the model's vocabulary [0, {vocab}): "
+                         f"min {lo}, max {hi}")  # fmt: skip
+    return rows
+
+
+def document_batches(rows: PackedRows, batch_size: int, order: Tensor, packed: bool
+                     ) -> Iterator[LMBatch]:  # fmt: skip
+    """Batches of ``batch_size`` rows of :func:`~qkv.data.packing.pack_lm`, in ``order``
+    (``(N,)`` row indices): packed rows carry their document ids, padded ones (one document
+    each, ``packed=False``) are cut to the longest row of their batch."""
+    for k in range(0, len(order), batch_size):
+        idx = order[k : k + batch_size]
+        inputs, targets = rows.tokens[idx], rows.targets[idx]  # (B, T) each
+        if packed:
+            yield LMBatch(inputs, targets, rows.document_ids[idx])
+            continue
+        width = int((targets != IGNORE_INDEX).sum(dim=1).max())
+        yield LMBatch(inputs[:, :width], targets[:, :width])  # (B, width) each
+
+
+def _logits(model: nn.Module, batch: LMBatch) -> Tensor:
+    if batch.document_ids is None:
+        return model(batch.inputs)  # (B, T, V)
+    return model(batch.inputs, document_ids=batch.document_ids)  # (B, T, V)
+
+
 def _windows(stream: Tensor, block_size: int, batch_size: int) -> Iterator[LMBatch]:
     """Consecutive non-overlapping windows, ``batch_size`` per batch (the last may be smaller)."""
     n = (stream.numel() - 1) // block_size
@@ -66,18 +117,22 @@ def evaluate_lm(
     batch_size: int = 16,
     max_batches: int | None = None,
     distributed: bool = False,
+    pack: bool = False,
 ) -> dict[str, float]:
-    """Loss, perplexity and next-token accuracy of ``model`` on a token stream.
+    """Loss, perplexity and next-token accuracy of ``model`` on a token stream or documents.
 
     Args:
-        model: ``model(input_ids (B, T)) -> logits (B, T, V)``, e.g. :class:`qkv.models.DecoderLM`.
-        ids: ``(N,)`` token stream, ``N >= block_size + 1``.
+        model: ``model(input_ids (B, T)) -> logits (B, T, V)``, e.g. :class:`qkv.models.DecoderLM`
+            (with ``pack``, also ``document_ids=``).
+        ids: ``(N,)`` token stream, ``N >= block_size + 1``, or a list of token-id documents
+            (evaluated in rows of documents, in order).
         block_size: window length ``T``.
         batch_size: windows per batch.
         max_batches: evaluate at most this many batches (None = the whole stream).
         distributed: every rank of the initialised process group calls this with the same
             arguments; each evaluates its share of the rows of every batch and the sums are
             added across ranks, so every rank returns the numbers of the whole stream.
+        pack: documents only: several per row with document ids (else one per padded row).
 
     Returns:
         ``{"loss", "perplexity", "token_accuracy"}`` (loss = mean nats per token).
@@ -86,7 +141,12 @@ def evaluate_lm(
         ValueError: a malformed or too-short stream, ids outside the model's vocabulary.
     """
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    stream = _stream("ids", ids, block_size, vocab)
+    if _is_documents(ids):
+        rows = _rows("ids", ids, block_size, pack, vocab)
+        batches = document_batches(rows, batch_size, torch.arange(len(rows)), pack)
+    else:
+        _no_pack(pack)
+        batches = _windows(_stream("ids", ids, block_size, vocab), block_size, batch_size)
     device = next(iter(model.parameters())).device
     was_training = model.training
     world = current_world() if distributed else None
@@ -94,7 +154,7 @@ def evaluate_lm(
     nll, tokens, correct = 0.0, 0, 0
     try:
         with torch.no_grad():
-            for k, batch in enumerate(_windows(stream, block_size, batch_size)):
+            for k, batch in enumerate(batches):
                 if max_batches is not None and k >= max_batches:
                     break
                 if world is not None:  # this rank's rows of the batch
@@ -102,7 +162,7 @@ def evaluate_lm(
                     if not len(batch.inputs):
                         continue
                 batch = batch.to(device)
-                parts = token_loss(model(batch.inputs), batch.targets, pad_id=None)
+                parts = token_loss(_logits(model, batch), batch.targets, pad_id=None)
                 nll += parts.nll_sum
                 tokens += parts.tokens
                 correct += parts.correct
@@ -128,7 +188,7 @@ def train_lm(
     callbacks: Sequence[Callback] | None = None,
     resume: bool | str | Path | None = None,
 ) -> TrainResult:
-    """Train a decoder-only language model on the token stream ``ids``.
+    """Train a decoder-only language model on the token stream ``ids``, or on documents.
 
     Under ``torchrun`` every rank calls this with the same arguments and the run is
     data-parallel (see :func:`~qkv.train.loop.fit`): ``config.batch_size`` stays the global
@@ -138,10 +198,12 @@ def train_lm(
         model: e.g. :class:`qkv.models.DecoderLM`; seed (:func:`~qkv.train.seed_everything`)
             before building it for reproducible initial weights (in a data-parallel run every
             rank starts from rank 0's).
-        ids: ``(N,)`` training stream.
-        config: :class:`TrainConfig` (``batch_size`` windows of ``block_size`` tokens;
-            ``metric`` one of :data:`LM_METRICS`).
-        valid_ids: validation stream, evaluated on ``config.eval_batches`` batches.
+        ids: ``(N,)`` training stream, or a list of token-id documents (see the module
+            docstring; ``config.pack`` packs them).
+        config: :class:`TrainConfig` (``batch_size`` windows or rows of ``block_size``
+            tokens; ``metric`` one of :data:`LM_METRICS`; ``pack`` for documents).
+        valid_ids: validation stream or documents, evaluated on ``config.eval_batches``
+            batches.
         tokenizer: saved with the checkpoints (role ``"text"``).
         callbacks: see :data:`qkv.train.loop.Callback`.
         resume: see :func:`qkv.train.loop.fit`.
@@ -151,7 +213,8 @@ def train_lm(
 
     Raises:
         ValueError: ``config.batch_tokens`` set (LM batches are ``batch_size`` windows),
-            malformed or too-short streams, and as :func:`~qkv.train.loop.fit`.
+            malformed or too-short streams, ``config.pack`` with a stream (packing needs
+            document boundaries), and as :func:`~qkv.train.loop.fit`.
     """
     if config.batch_size is None:
         raise ValueError(
@@ -159,27 +222,51 @@ def train_lm(
             f"{config.batch_tokens}"
         )
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    stream = _stream("ids", ids, config.block_size, vocab)
-    valid = None if valid_ids is None else _stream("valid_ids", valid_ids, config.block_size, vocab)
-    device, batch_size = train_device(config), config.batch_size
-    distributed = current_world().parallel
+    T, batch_size = config.block_size, config.batch_size
+    if _is_documents(ids):
+        rows = _rows("ids", ids, T, config.pack, vocab)
 
-    def epoch_batches(epoch: int) -> Iterator[LMBatch]:
-        return lm_batches(stream, config.block_size, batch_size, seed=config.seed + epoch)
+        def epoch_batches(epoch: int) -> Iterator[LMBatch]:
+            order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(
+                config.seed + epoch))  # fmt: skip
+            return document_batches(rows, batch_size, order, config.pack)
+    else:
+        _no_pack(config.pack)
+        stream = _stream("ids", ids, T, vocab)
+
+        def epoch_batches(epoch: int) -> Iterator[LMBatch]:
+            return lm_batches(stream, T, batch_size, seed=config.seed + epoch)
+
+    valid = valid_ids
+    if valid_ids is not None and not _is_documents(valid_ids):
+        valid = _stream("valid_ids", valid_ids, T, vocab)
+    device = train_device(config)
+    distributed = current_world().parallel
 
     def loss(model: nn.Module, batch: LMBatch):
         batch = batch.to(device)
-        return token_loss(model(batch.inputs), batch.targets, pad_id=None,
+        return token_loss(_logits(model, batch), batch.targets, pad_id=None,
                           label_smoothing=config.label_smoothing)  # fmt: skip
 
     def evaluate() -> dict[str, float]:
         assert valid is not None
-        return evaluate_lm(model, valid, block_size=config.block_size, batch_size=batch_size,
-                           max_batches=config.eval_batches, distributed=distributed)  # fmt: skip
+        return evaluate_lm(model, valid, block_size=T, batch_size=batch_size,
+                           max_batches=config.eval_batches, distributed=distributed,
+                           pack=config.pack and _is_documents(valid))  # fmt: skip
 
     job = Job(
-        model=model, epoch_batches=epoch_batches, batch_tokens=lambda b: b.targets.numel(),
+        model=model, epoch_batches=epoch_batches,
+        batch_tokens=lambda b: int((b.targets != IGNORE_INDEX).sum()),
         loss=loss, evaluate=None if valid is None else evaluate, metrics=LM_METRICS,
         tokenizers={} if tokenizer is None else {"text": tokenizer},
     )  # fmt: skip
     return fit(job, config, callbacks=callbacks, resume=resume)
+
+
+def _no_pack(pack: bool) -> None:
+    if pack:
+        raise ValueError(
+            "pack=True needs documents: pass a list of token-id documents (e.g. "
+            "[tok.encode(d, add_bos=True, add_eos=True) for d in "
+            "qkv.data.packing.split_documents(text)]), not one token stream"
+        )

@@ -5,7 +5,8 @@ What ``qkv train``, ``qkv eval`` and ``qkv translate`` do, as plain functions:
 1. :func:`build_train_config` and :func:`build_model`: defaults per kind of data, then the
    spec file's keys, then the command line's options.
 2. :func:`make_tokenizers`: character tokenizers fitted on the training split.
-3. :func:`run_training`: train, keep the best checkpoint's weights, test on held-out data.
+3. :func:`run_training`: train, keep the best checkpoint's weights, test on held-out data
+   (text with ``config.pack``: paragraphs as documents, :func:`text_documents`, packed).
 4. :func:`find_checkpoint`, :func:`load_run`, :func:`seq2seq_parts`: a finished run's
    checkpoint, its data spec and its encoder-decoder parts.
 """
@@ -19,6 +20,7 @@ from typing import Any
 
 from qkv.checkpoint import load_checkpoint
 from qkv.data import CharTokenizer
+from qkv.data.packing import plan_rows, split_documents
 from qkv.distributed.data_parallel import current_world
 from qkv.generate import is_seq2seq
 from qkv.models import DecoderLM, DecoderLMConfig, Seq2SeqConfig, Seq2SeqTransformer
@@ -36,8 +38,10 @@ __all__ = [
     "keep_best",
     "load_run",
     "make_tokenizers",
+    "packing_line",
     "run_training",
     "seq2seq_parts",
+    "text_documents",
 ]
 
 # Defaults under the config file and the options, per kind of model; the encoder-decoder's
@@ -64,7 +68,13 @@ def build_train_config(kind: str, table: dict[str, Any], options: dict[str, Any]
     if "warmup" not in table and isinstance(fields.get("steps"), int):
         # a tenth of a short run, at most the default: --steps 50 still reaches its peak lr
         fields["warmup"] = max(1, min(base["warmup"], fields["steps"] // 10))
-    return TrainConfig.from_dict(fields)
+    config = TrainConfig.from_dict(fields)
+    if config.pack and kind != "text":
+        raise ValueError(
+            f"pack packs language-model documents: it applies to text (--text), not to {kind} "
+            "data"
+        )
+    return config
 
 
 def build_model(kind: str, table: dict[str, Any], options: dict[str, Any], vocab: dict[str, int],
@@ -133,12 +143,16 @@ def run_training(spec: DataSpec, data: Dataset, toks: dict[str, Any], model, con
     distributed = current_world().parallel
     if spec.kind == "text":
         tok = toks["text"]
-        ids, valid = tok.encode(data.train), tok.encode(data.valid)
-        log(f"text: {len(ids):,} training and {len(valid):,} validation characters, "
-                      f"vocabulary {tok.vocab_size}")  # fmt: skip
+        if config.pack:
+            ids, valid = text_documents(tok, data.train), text_documents(tok, data.valid)
+            log(packing_line(ids, config.block_size) + f", vocabulary {tok.vocab_size}")
+        else:
+            ids, valid = tok.encode(data.train), tok.encode(data.valid)
+            log(f"text: {len(ids):,} training and {len(valid):,} validation characters, "
+                f"vocabulary {tok.vocab_size}")  # fmt: skip
         result = train_lm(model, ids, config, valid_ids=valid, tokenizer=tok, callbacks=callbacks)
         keep_best(model, result)
-        test = evaluate_lm(model, valid, block_size=config.block_size,
+        test = evaluate_lm(model, valid, block_size=config.block_size, pack=config.pack,
                            batch_size=config.batch_size or 32, distributed=distributed)  # fmt: skip
         return {"result": result, "test": test, "split": "validation"}
     src_tok, tgt_tok = toks["src"], toks["tgt"]
@@ -150,6 +164,20 @@ def run_training(spec: DataSpec, data: Dataset, toks: dict[str, Any], model, con
     test = evaluate_seq2seq(model, data.test, src_tok, tgt_tok, batch_size=256,
                             distributed=distributed)  # fmt: skip
     return {"result": result, "test": test, "split": "test"}
+
+
+def text_documents(tok: Any, text: str) -> list[list[int]]:
+    """The paragraphs of ``text`` (split at blank lines) as documents ``BOS ids EOS``."""
+    return [tok.encode(d, add_bos=True, add_eos=True) for d in split_documents(text)]
+
+
+def packing_line(documents: list[list[int]], block_size: int) -> str:
+    """One line on packed training data: documents, rows and the padding fraction."""
+    lengths = [max(0, len(d) - 1) for d in documents]  # (input, target) pairs per document
+    rows = plan_rows(lengths, block_size)
+    padding = 1.0 - sum(lengths) / max(1, len(rows) * block_size)
+    return (f"text: {len(documents):,} documents packed into {len(rows):,} rows of "
+            f"{block_size} ({padding:.1%} padding)")  # fmt: skip
 
 
 def keep_best(model, result) -> None:
