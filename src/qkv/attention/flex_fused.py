@@ -43,14 +43,28 @@ def fused_row_block(q: Tensor, k: Tensor, v: Tensor, i0: int, spans, plan):
         add = dead = None
         if kind != FULL and plan.mask_mod is not None:
             keep = tile_keep(plan.mask_mod, plan.B, plan.H, rows, range(j0, j1), q.device)
-            add = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill_(
-                ~keep, float("-inf"))  # (B, H, bq, keys)
-            dead = ~keep.any(dim=-1)  # (B, H, bq)
+            # The mask as the mod made it (before broadcasting): a mask that does not vary
+            # over batch or heads stays (1, 1, bq, keys), and the kernel broadcasts it.
+            raw = _unbroadcast(keep)
+            add = torch.zeros(raw.shape, dtype=q.dtype, device=q.device).masked_fill_(
+                ~raw, float("-inf"))  # (B|1, H|1, bq, keys)
+            dead = ~raw.any(dim=-1)  # (B|1, H|1, bq)
         o, s_lse = _CPU_FLASH(q, kt, vt, 0.0, False, attn_mask=add, scale=plan.scale)
         if dead is not None:
-            s_lse = s_lse.masked_fill(dead, float("-inf"))
+            s_lse = s_lse.masked_fill(dead.expand(s_lse.shape), float("-inf"))
         out, lse = (o, s_lse) if out is None else _merge(out, lse, o, s_lse)
     return out, lse
+
+
+def _unbroadcast(keep: Tensor) -> Tensor:
+    """``keep`` without the dimensions it was broadcast along (stride 0), as a real tensor."""
+    index = tuple(0 if st == 0 and n > 1 else slice(None) for st, n in
+                  zip(keep.stride(), keep.shape, strict=True))
+    raw = keep[index]
+    for d, i in enumerate(index):
+        if i == 0:
+            raw = raw.unsqueeze(d)
+    return raw.contiguous()
 
 
 def _merge(out0: Tensor, lse0: Tensor, out1: Tensor, lse1: Tensor):
