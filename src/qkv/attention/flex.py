@@ -37,7 +37,7 @@ from qkv.attention.flex_blocks import (
     index_grid,
     tile_keep,
 )
-from qkv.attention.flex_fused import fused_row_block, fused_serves
+from qkv.attention.flex_fused import fused_attention, fused_serves
 
 __all__ = ["flex_attention"]
 
@@ -87,22 +87,24 @@ def flex_attention(
         mask_mod = block_mask.mask_mod
     plan = _Plan(B, H, T, S, bq, bk, scale, score_mod, mask_mod, H // key.shape[1])
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-    fused = fused_serves(query, value, score_mod, grad)  # nothing to differentiate: torch's kernel
-    outs, lses = [], []
-    for i0, i1, tiles in _row_groups(visit, bq, T):
-        if fused:
-            o, lse = fused_row_block(query[:, :, i0:i1], key, value, i0, tiles, plan)
-        elif grad:
-            o, lse = checkpoint(_row_block, query[:, :, i0:i1], key, value, i0, tiles, plan,
-                                use_reentrant=False)
-        else:
-            with torch.no_grad():
-                o, lse = _row_block(query[:, :, i0:i1], key, value, i0, tiles, plan,
-                                    inplace=True)
-        outs.append(o)
-        lses.append(lse)
-    out = torch.cat(outs, dim=2)  # (B, H, T, Dv)
-    lse = torch.cat(lses, dim=2)  # (B, H, T)
+    groups = _row_groups(visit, bq, T)
+    if fused_serves(query, value, score_mod, grad, return_lse):
+        # No score_mod: spans on torch's fused kernel, its fused backward per span.
+        out, lse = fused_attention(query, key, value, groups, plan)
+    else:
+        outs, lses = [], []
+        for i0, i1, tiles in groups:
+            if grad:
+                o, lse = checkpoint(_row_block, query[:, :, i0:i1], key, value, i0, tiles,
+                                    plan, use_reentrant=False)
+            else:
+                with torch.no_grad():
+                    o, lse = _row_block(query[:, :, i0:i1], key, value, i0, tiles, plan,
+                                        inplace=True)
+            outs.append(o)
+            lses.append(lse)
+        out = torch.cat(outs, dim=2)  # (B, H, T, Dv)
+        lse = torch.cat(lses, dim=2)  # (B, H, T)
     result = [out]
     if return_lse:
         result.append(lse)

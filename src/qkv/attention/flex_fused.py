@@ -16,19 +16,89 @@ from torch import Tensor
 
 from qkv.attention.flex_blocks import FULL, tile_keep
 
-__all__ = ["fused_row_block", "fused_serves"]
+__all__ = ["fused_attention", "fused_row_block", "fused_serves"]
 
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_CPU_FLASH_BWD = getattr(
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None
+)
 
 
-def fused_serves(query: Tensor, value: Tensor, score_mod, grad: bool) -> bool:
-    """Whether the fused path can serve a call: nothing to differentiate, no score_mod, CPU,
-    float32/float64, D == Dv."""
+def fused_serves(query: Tensor, value: Tensor, score_mod, grad: bool, return_lse: bool) -> bool:
+    """Whether the fused path can serve a call: no score_mod, CPU, float32/float64, D == Dv,
+    and no gradient asked of the log-sum-exp."""
     return (
-        _CPU_FLASH is not None and score_mod is None and not grad
+        _CPU_FLASH is not None and _CPU_FLASH_BWD is not None and score_mod is None
+        and not (grad and return_lse)
         and query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64)
         and query.shape[-1] == value.shape[-1]
     )
+
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, groups, plan) -> tuple[Tensor, Tensor]:
+    """``(out (B, H, T, Dv), lse (B, H, T))`` over every query group, differentiable in q, k, v.
+
+    The backward runs torch's fused flash backward span by span with the *whole row's* output
+    and log-sum-exp, which gives exactly that span's share of dQ, dK, dV (as in
+    FlashAttention-2); ``lse`` is not differentiable.
+    """
+    return _FusedFlex.apply(q, k, v, groups, plan)
+
+
+class _FusedFlex(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, groups, plan):
+        outs, lses = [], []
+        for i0, i1, spans in groups:
+            o, lse = fused_row_block(q[:, :, i0:i1], k, v, i0, spans, plan)
+            outs.append(o)
+            lses.append(lse)
+        out = torch.cat(outs, dim=2)  # (B, H, T, Dv)
+        lse = torch.cat(lses, dim=2)  # (B, H, T)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.groups, ctx.plan = groups, plan
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        plan = ctx.plan
+        dout = dout.contiguous()
+        # Rows that see no key: +inf makes every weight exp(s - lse) exactly 0.
+        lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for i0, i1, spans in ctx.groups:
+            rows = range(i0, i1)
+            qg, og, dog, lg = (t[:, :, i0:i1] for t in (q, out, dout, lse))
+            for first, last, kind in spans:
+                j0, j1 = first * plan.bk, min(plan.S, last * plan.bk)
+                kt, vt = k[:, :, j0:j1], v[:, :, j0:j1]
+                if plan.G > 1:
+                    kt, vt = (t.repeat_interleave(plan.G, dim=1) for t in (kt, vt))
+                add = _additive(plan, kind, rows, range(j0, j1), q)[0]
+                gq, gk, gv = _CPU_FLASH_BWD(dog, qg, kt, vt, og, lg, 0.0, False, attn_mask=add,
+                                            scale=plan.scale)
+                dq[:, :, i0:i1] += gq
+                if plan.G > 1:  # (B, H, keys, D) -> (B, Hkv, keys, D): sum each group
+                    gk = gk.unflatten(1, (-1, plan.G)).sum(dim=2)
+                    gv = gv.unflatten(1, (-1, plan.G)).sum(dim=2)
+                dk[:, :, j0:j1] += gk
+                dv[:, :, j0:j1] += gv
+        return dq, dk, dv, None, None
+
+
+def _additive(plan, kind, rows: range, cols: range, q: Tensor):
+    """``(additive mask (B|1, H|1, bq, keys) or None, dead rows or None)`` of a span."""
+    if kind == FULL or plan.mask_mod is None:
+        return None, None
+    keep = tile_keep(plan.mask_mod, plan.B, plan.H, rows, cols, q.device)
+    # The mask as the mod made it (before broadcasting): a mask that does not vary over
+    # batch or heads stays (1, 1, bq, keys), and the kernel broadcasts it.
+    raw = _unbroadcast(keep)
+    add = torch.zeros(raw.shape, dtype=q.dtype, device=q.device).masked_fill_(
+        ~raw, float("-inf"))  # (B|1, H|1, bq, keys)
+    return add, ~raw.any(dim=-1)  # dead rows (B|1, H|1, bq)
 
 
 def fused_row_block(q: Tensor, k: Tensor, v: Tensor, i0: int, spans, plan):
@@ -40,15 +110,7 @@ def fused_row_block(q: Tensor, k: Tensor, v: Tensor, i0: int, spans, plan):
         kt, vt = k[:, :, j0:j1], v[:, :, j0:j1]
         if plan.G > 1:
             kt, vt = (t.repeat_interleave(plan.G, dim=1) for t in (kt, vt))  # (B, H, keys, D)
-        add = dead = None
-        if kind != FULL and plan.mask_mod is not None:
-            keep = tile_keep(plan.mask_mod, plan.B, plan.H, rows, range(j0, j1), q.device)
-            # The mask as the mod made it (before broadcasting): a mask that does not vary
-            # over batch or heads stays (1, 1, bq, keys), and the kernel broadcasts it.
-            raw = _unbroadcast(keep)
-            add = torch.zeros(raw.shape, dtype=q.dtype, device=q.device).masked_fill_(
-                ~raw, float("-inf"))  # (B|1, H|1, bq, keys)
-            dead = ~raw.any(dim=-1)  # (B|1, H|1, bq)
+        add, dead = _additive(plan, kind, rows, range(j0, j1), q)
         o, s_lse = _CPU_FLASH(q, kt, vt, 0.0, False, attn_mask=add, scale=plan.scale)
         if dead is not None:
             s_lse = s_lse.masked_fill(dead.expand(s_lse.shape), float("-inf"))
