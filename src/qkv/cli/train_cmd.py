@@ -184,6 +184,9 @@ def _quiet(*args: Any, **kwargs: Any) -> None:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as JSON atomically (a crash leaves the old file or the new one)."""
     import json
 
-    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    from qkv.inspect.files import atomic_write
+
+    atomic_write(path, json.dumps(data, indent=1) + "\n")
