@@ -38,6 +38,7 @@ from qkv.attention.flex_blocks import (
     tile_keep,
 )
 from qkv.attention.flex_fused import fused_attention, fused_serves
+from qkv.attention.masks import accumulation_dtype
 
 __all__ = ["flex_attention"]
 
@@ -190,16 +191,12 @@ def _tile_scores(qs: Tensor, k: Tensor, i0: int, span, plan: _Plan) -> Tensor:
     return s
 
 
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
 def _row_block(q: Tensor, k: Tensor, v: Tensor, i0: int, tiles, plan: _Plan, inplace=False):
     """``(out (B, H, bq, Dv), lse (B, H, bq))`` of one query block, by the online softmax.
 
     ``inplace`` (only without autograd) reuses the score and accumulator buffers.
     """
-    acc_t = _acc(q.dtype)
+    acc_t = accumulation_dtype(q.dtype)
     qs = q.to(acc_t) * plan.scale  # (B, H, bq, D)
     B, H, bq = q.shape[0], q.shape[1], q.shape[2]
     m = torch.full((B, H, bq, 1), float("-inf"), dtype=acc_t, device=q.device)
@@ -234,7 +231,7 @@ def _row_block(q: Tensor, k: Tensor, v: Tensor, i0: int, tiles, plan: _Plan, inp
 
 def _weights(q: Tensor, k: Tensor, lse: Tensor, visit, plan: _Plan) -> Tensor:
     """Exact weights ``(B, H, T, S)``: ``exp(s - lse)`` on visited tiles, 0 elsewhere."""
-    acc_t = _acc(q.dtype)
+    acc_t = accumulation_dtype(q.dtype)
     w = torch.zeros(plan.B, plan.H, plan.T, plan.S, dtype=q.dtype, device=q.device)
     safe = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
     for i0, i1, tiles in _row_groups(visit, plan.bq, plan.T):

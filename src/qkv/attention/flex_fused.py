@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from qkv.attention.flex_blocks import FULL, tile_keep
+from qkv.attention.weights import merge_partials
 
 __all__ = ["fused_attention", "fused_row_block", "fused_serves"]
 
@@ -114,7 +115,7 @@ def fused_row_block(q: Tensor, k: Tensor, v: Tensor, i0: int, spans, plan):
         o, s_lse = _CPU_FLASH(q, kt, vt, 0.0, False, attn_mask=add, scale=plan.scale)
         if dead is not None:
             s_lse = s_lse.masked_fill(dead.expand(s_lse.shape), float("-inf"))
-        out, lse = (o, s_lse) if out is None else _merge(out, lse, o, s_lse)
+        out, lse = (o, s_lse) if out is None else merge_partials(out, lse, o, s_lse)
     return out, lse
 
 
@@ -127,11 +128,3 @@ def _unbroadcast(keep: Tensor) -> Tensor:
         if i == 0:
             raw = raw.unsqueeze(d)
     return raw.contiguous()
-
-
-def _merge(out0: Tensor, lse0: Tensor, out1: Tensor, lse1: Tensor):
-    new = torch.logaddexp(lse0, lse1)
-    safe = torch.where(torch.isneginf(new), torch.zeros_like(new), new)
-    w0 = torch.exp(lse0 - safe).unsqueeze(-1).to(out0.dtype)  # (B, H, bq, 1)
-    w1 = torch.exp(lse1 - safe).unsqueeze(-1).to(out0.dtype)
-    return out0 * w0 + out1 * w1, new

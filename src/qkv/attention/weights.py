@@ -22,7 +22,7 @@ from qkv.attention.masks import (
     safe_lse,
 )
 
-__all__ = ["attention_weights", "rebuild"]
+__all__ = ["attention_weights", "merge_partials", "rebuild"]
 
 
 def rebuild(
@@ -108,3 +108,23 @@ def attention_weights(
     lse4 = lse.reshape(-1, call.num_heads, call.T)  # (B, H, T)
     w = rebuild(call, lse4, heads=heads, rows=rows)  # (B, H', T', S)
     return w.reshape(*call.batch_shape, *w.shape[1:])  # (..., H', T', S)
+
+
+def merge_partials(out0: Tensor, lse0: Tensor, out1: Tensor, lse1: Tensor):
+    """Merge two partial attentions over disjoint key sets into one, exactly, in place.
+
+    ``out0``/``out1`` ``(B, H, T, Dv)`` are each normalised over their own keys and
+    ``lse0``/``lse1`` ``(B, H, T)`` are their log-sum-exps: the result is the attention over
+    both key sets, ``out = out0·exp(lse0 - lse) + out1·exp(lse1 - lse)`` with
+    ``lse = logaddexp(lse0, lse1)``. Rows that see no key in either stay 0 with ``lse = -inf``.
+    ``out0`` (an accumulator the caller owns) is overwritten; ``out1`` is not.
+
+    Returns:
+        ``(out, lse)``.
+    """
+    new = torch.logaddexp(lse0, lse1)
+    safe = torch.where(torch.isneginf(new), torch.zeros_like(new), new)  # rows seeing nothing
+    w0 = torch.exp(lse0 - safe).unsqueeze(-1).to(out0.dtype)  # (B, H, T, 1)
+    w1 = torch.exp(lse1 - safe).unsqueeze(-1).to(out0.dtype)
+    return out0.mul_(w0).add_(out1 * w1), new
+

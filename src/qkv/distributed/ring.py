@@ -35,11 +35,13 @@ import torch.distributed as dist
 from torch import Tensor
 
 from qkv.attention.call import AttentionCall, make_call
+from qkv.attention.masks import accumulation_dtype
+from qkv.attention.weights import merge_partials
 from qkv.distributed.blocks import block_backward, block_forward
 from qkv.distributed.comm import RingExchange, world
 from qkv.distributed.layout import local_lengths, rank_chunks
 
-__all__ = ["ring_attention", "ring_call"]
+__all__ = ["ring_attention", "ring_call", "shard_call"]
 
 
 def ring_attention(
@@ -76,17 +78,23 @@ def ring_attention(
         AttentionArgumentError, AttentionTypeError: inputs that single-process attention
             would refuse; ValueError: shards that do not make a sequence of the layout.
     """
+    call = shard_call("ring_attention", query, key, value, is_causal, scale, enable_gqa)
+    out, _ = ring_call(call, group=group, seq_len=seq_len)
+    return out
+
+
+def shard_call(name: str, query, key, value, is_causal, scale, enable_gqa) -> AttentionCall:
+    """The validated local call of a context-parallel function: 4-D shards of one sequence."""
     call = make_call(
         query, key, value, None, 0.0, is_causal, scale, enable_gqa, need_weights=False
     )
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or call.T != call.S:
         raise ValueError(
-            "ring_attention takes 4-D shards (B, H, T_r, D) of one sequence (self-attention: "
+            f"{name} takes 4-D shards (B, H, T_r, D) of one sequence (self-attention: "
             f"queries and keys of the same positions), got query {tuple(query.shape)}, key "
             f"{tuple(key.shape)}, value {tuple(value.shape)}"
         )
-    out, _ = ring_call(call, group=group, seq_len=seq_len)
-    return out
+    return call
 
 
 @dataclass(frozen=True)
@@ -210,15 +218,8 @@ def _merge(acc, out: Tensor, lse: Tensor):
     ``out`` is kept in the accumulation dtype (float32 for half inputs, else the input's) and
     ``lse`` in the kernel's (float64 for float32 inputs), so no copy of the output is widened.
     """
-    out = out.to(_acc(out))
-    if acc is None:
-        return out, lse
-    out0, lse0 = acc
-    new = torch.logaddexp(lse0, lse)
-    safe = torch.where(torch.isneginf(new), torch.zeros_like(new), new)  # rows seeing nothing
-    w0 = torch.exp(lse0 - safe).unsqueeze(-1).to(out0.dtype)  # (B, H, T, 1)
-    w1 = torch.exp(lse - safe).unsqueeze(-1).to(out0.dtype)
-    return out0.mul_(w0).add_(out.mul_(w1)), new
+    out = out.to(accumulation_dtype(out.dtype))
+    return (out, lse) if acc is None else merge_partials(*acc, out, lse)
 
 
 class _RingFunction(torch.autograd.Function):
@@ -282,7 +283,7 @@ def _backward(q, k, v, mask, alibi, out, lse, dout, plan: _Plan):
     qs, outs, lses, douts = _split(q, mine), _split(out, mine), _split(lse, mine), _split(
         dout, mine
     )
-    dq_all = torch.zeros_like(q, dtype=_acc(q))  # (B, H, T_r, D)
+    dq_all = torch.zeros_like(q, dtype=accumulation_dtype(q.dtype))  # (B, H, T_r, D)
     dqs = _split(dq_all, mine)
     kv_ring, grad_ring = RingExchange(plan.group), RingExchange(plan.group)
     travel = [k, v] + ([mask] if mask is not None else [])
@@ -297,8 +298,9 @@ def _backward(q, k, v, mask, alibi, out, lse, dout, plan: _Plan):
         # The visiting shard's gradient accumulators: received from the rank that held it last
         # (waiting here rather than overlapping keeps two accumulator sets alive, not three).
         if step == 0:
-            dk_shard = torch.zeros_like(travel[0], dtype=_acc(k))  # (B, Hkv, T_src, D)
-            dv_shard = torch.zeros_like(travel[1], dtype=_acc(v))  # (B, Hkv, T_src, Dv)
+            acc = accumulation_dtype(k.dtype)
+            dk_shard = torch.zeros_like(travel[0], dtype=acc)  # (B, Hkv, T_src, D)
+            dv_shard = torch.zeros_like(travel[1], dtype=acc)  # (B, Hkv, T_src, Dv)
         else:
             dk_shard, dv_shard = grad_ring.wait()
         dks, dvs = _split(dk_shard, kb), _split(dv_shard, kb)
@@ -325,7 +327,3 @@ def _backward(q, k, v, mask, alibi, out, lse, dout, plan: _Plan):
             travel = kv_ring.wait()
     dk, dv = grad_ring.wait()
     return dq_all.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
-
-
-def _acc(t: Tensor) -> torch.dtype:
-    return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype

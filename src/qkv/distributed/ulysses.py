@@ -18,10 +18,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from qkv.attention.call import AttentionCall, make_call
+from qkv.attention.call import AttentionCall
 from qkv.attention.sdpa import run_call
 from qkv.distributed.comm import all_to_all, world
 from qkv.distributed.layout import chunk_bounds, gather_sequence, local_lengths, shard_index
+from qkv.distributed.ring import shard_call
 
 __all__ = ["all_to_all_attention", "all_to_all_call"]
 
@@ -56,14 +57,7 @@ def all_to_all_attention(
     Raises:
         ValueError: ``H`` not divisible by ``N``, shards that do not form the layout.
     """
-    call = make_call(
-        query, key, value, None, 0.0, is_causal, scale, enable_gqa, need_weights=False
-    )
-    if query.dim() != 4 or call.T != call.S:
-        raise ValueError(
-            "all_to_all_attention takes 4-D shards (B, H, T_r, D) of one sequence, got query "
-            f"{tuple(query.shape)}, key {tuple(key.shape)}"
-        )
+    call = shard_call("all_to_all_attention", query, key, value, is_causal, scale, enable_gqa)
     out, _ = all_to_all_call(call, group=group, seq_len=seq_len)
     return out
 
