@@ -31,14 +31,12 @@ from qkv.models.parts import (
     ModelBase,
     add_positions,
     check_cache,
-    check_document_ids,
     check_ids,
     check_length,
     check_positions,
-    document_block_mask,
-    document_positions,
     init_gpt_style,
     make_positions,
+    packed_inputs,
     padding_keep_mask,
 )
 from qkv.nn.block import TransformerBlock
@@ -265,10 +263,7 @@ class DecoderLM(ModelBase):
                     "attention_mask: generate one document at a time, and give padding a "
                     "document id of its own instead of masking it"
                 )
-            document_ids = check_document_ids(document_ids, B, T)
-            block_mask = document_block_mask(document_ids)  # once for every block
-            if positions is None:
-                positions = document_positions(document_ids)  # (B, T)
+            block_mask, positions = packed_inputs(document_ids, positions, B, T)
         positions = check_positions(positions, B, T, max_len=self.position_limit)
         if positions is None:
             check_length("input_ids", T, offset, self.position_limit)

@@ -25,14 +25,12 @@ from qkv.models.config import ACTIVATIONS, NORM_PLACEMENTS, POSITIONS, ConfigBas
 from qkv.models.parts import (
     ModelBase,
     add_positions,
-    check_document_ids,
     check_ids,
     check_length,
     check_positions,
-    document_block_mask,
-    document_positions,
     init_gpt_style,
     make_positions,
+    packed_inputs,
     padding_keep_mask,
 )
 from qkv.nn.block import TransformerBlock
@@ -187,10 +185,7 @@ class Encoder(ModelBase):
                     "document_ids (packed rows) cannot be combined with an attention_mask: "
                     "give padding a document id of its own instead of masking it"
                 )
-            document_ids = check_document_ids(document_ids, B, S)
-            block_mask = document_block_mask(document_ids)  # once for every block
-            if positions is None:
-                positions = document_positions(document_ids)  # (B, S)
+            block_mask, positions = packed_inputs(document_ids, positions, B, S)
         positions = check_positions(positions, B, S, max_len=self.position_limit)
         if positions is None:
             check_length("input_ids", S, 0, self.position_limit)

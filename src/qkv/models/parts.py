@@ -39,6 +39,7 @@ __all__ = [
     "init_gpt_style",
     "init_xavier",
     "make_positions",
+    "packed_inputs",
     "padding_keep_mask",
 ]
 
@@ -261,6 +262,16 @@ def document_positions(document_ids: Tensor) -> Tensor:
     t = torch.arange(T, device=document_ids.device).expand(B, T)  # (B, T)
     first = torch.where(_starts(document_ids), t, torch.zeros_like(t))  # (B, T)
     return t - first.cummax(dim=1).values  # (B, T)
+
+
+def packed_inputs(
+    document_ids: object, positions: Tensor | None, B: int, T: int
+) -> tuple[BlockMask, Tensor]:
+    """Checked ``document_ids (B, T)`` -> ``(block mask built once for every block,
+    positions (B, T) restarting per document unless given)``."""
+    document_ids = check_document_ids(document_ids, B, T)
+    block_mask = document_block_mask(document_ids)
+    return block_mask, document_positions(document_ids) if positions is None else positions
 
 
 def document_block_mask(document_ids: Tensor) -> BlockMask:
