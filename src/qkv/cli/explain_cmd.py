@@ -114,7 +114,10 @@ def command(
 def _context_parallel(batch, heads, kv_heads, T, S, dim, dtype, world_size, method):
     """``qkv.distributed.explain`` for the same call over ``world_size`` ranks."""
     from qkv.distributed import explain as explain_parallel
+    from qkv.distributed.context import METHODS
 
+    if method not in METHODS:
+        raise ValueError(f"--cp-method must be one of {', '.join(METHODS)}, got {method!r}")
     if world_size < 1:
         raise ValueError(f"--world-size must be >= 1, got {world_size}")
     if T != S:

@@ -71,8 +71,8 @@ def build_train_config(kind: str, table: dict[str, Any], options: dict[str, Any]
     config = TrainConfig.from_dict(fields)
     if config.pack and kind != "text":
         raise ValueError(
-            f"pack packs language-model documents: it applies to text (--text), not to {kind} "
-            "data"
+            f"--pack: pack packs language-model documents: it applies to text (--text), not to "
+            f"{kind} data"
         )
     return config
 
