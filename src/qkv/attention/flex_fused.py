@@ -14,22 +14,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from qkv.attention.backends.torch_kernel import CPU_FLASH, CPU_FLASH_BACKWARD
 from qkv.attention.flex_blocks import FULL, tile_keep
 from qkv.attention.weights import merge_partials
 
 __all__ = ["fused_attention", "fused_row_block", "fused_serves"]
 
-_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-_CPU_FLASH_BWD = getattr(
-    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None
-)
 
 
 def fused_serves(query: Tensor, value: Tensor, score_mod, grad: bool, return_lse: bool) -> bool:
     """Whether the fused path can serve a call: no score_mod, CPU, float32/float64, D == Dv,
     and no gradient asked of the log-sum-exp."""
     return (
-        _CPU_FLASH is not None and _CPU_FLASH_BWD is not None and score_mod is None
+        CPU_FLASH is not None and CPU_FLASH_BACKWARD is not None and score_mod is None
         and not (grad and return_lse)
         and query.device.type == "cpu" and query.dtype in (torch.float32, torch.float64)
         and query.shape[-1] == value.shape[-1]
@@ -78,7 +75,7 @@ class _FusedFlex(torch.autograd.Function):
                 if plan.G > 1:
                     kt, vt = (t.repeat_interleave(plan.G, dim=1) for t in (kt, vt))
                 add = _additive(plan, kind, rows, range(j0, j1), q)[0]
-                gq, gk, gv = _CPU_FLASH_BWD(dog, qg, kt, vt, og, lg, 0.0, False, attn_mask=add,
+                gq, gk, gv = CPU_FLASH_BACKWARD(dog, qg, kt, vt, og, lg, 0.0, False, attn_mask=add,
                                             scale=plan.scale)
                 dq[:, :, i0:i1] += gq
                 if plan.G > 1:  # (B, H, keys, D) -> (B, Hkv, keys, D): sum each group
@@ -112,7 +109,7 @@ def fused_row_block(q: Tensor, k: Tensor, v: Tensor, i0: int, spans, plan):
         if plan.G > 1:
             kt, vt = (t.repeat_interleave(plan.G, dim=1) for t in (kt, vt))  # (B, H, keys, D)
         add, dead = _additive(plan, kind, rows, range(j0, j1), q)
-        o, s_lse = _CPU_FLASH(q, kt, vt, 0.0, False, attn_mask=add, scale=plan.scale)
+        o, s_lse = CPU_FLASH(q, kt, vt, 0.0, False, attn_mask=add, scale=plan.scale)
         if dead is not None:
             s_lse = s_lse.masked_fill(dead.expand(s_lse.shape), float("-inf"))
         out, lse = (o, s_lse) if out is None else merge_partials(out, lse, o, s_lse)

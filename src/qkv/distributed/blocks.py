@@ -15,18 +15,17 @@ import torch
 from torch import Tensor
 
 from qkv.attention.backends import flash
+from qkv.attention.backends.torch_kernel import CPU_FLASH, CPU_FLASH_BACKWARD
 from qkv.attention.call import AttentionCall
 
 __all__ = ["block_backward", "block_forward"]
 
-_FWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 
 
 def _torch_serves(call: AttentionCall) -> bool:
     q, k, v = call.query, call.key, call.value
     return (
-        _FWD is not None and _BWD is not None and q.device.type == "cpu"
+        CPU_FLASH is not None and CPU_FLASH_BACKWARD is not None and q.device.type == "cpu"
         and q.dtype in (torch.float32, torch.float64)
         and call.mask is None and call.alibi is None and call.window is None
         and call.causal in (None, 0) and (call.causal is None or call.T == call.S)
@@ -37,7 +36,7 @@ def _torch_serves(call: AttentionCall) -> bool:
 def block_forward(call: AttentionCall) -> tuple[Tensor, Tensor]:
     """``(out (B, H, T, Dv), lse (B, H, T))`` of one block."""
     if _torch_serves(call):
-        return _FWD(call.query, call.key, call.value, 0.0, call.causal == 0, scale=call.scale)
+        return CPU_FLASH(call.query, call.key, call.value, 0.0, call.causal == 0, scale=call.scale)
     return flash.attend(call)
 
 
@@ -46,7 +45,7 @@ def block_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """This block's share ``(dq, dk, dv)`` given the whole row's ``out`` and ``lse``."""
     if _torch_serves(call):
-        return _BWD(
+        return CPU_FLASH_BACKWARD(
             dout, call.query, call.key, call.value, out, lse.to(call.query.dtype), 0.0,
             call.causal == 0, scale=call.scale,
         )

@@ -39,8 +39,13 @@ NAME = "torch"
 NATIVE_DEAD_ROWS = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
-# torch's CPU flash kernel, which also returns the log-sum-exp the weights are rebuilt from.
-_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+# torch's CPU flash kernel, which also returns the log-sum-exp the weights are rebuilt from,
+# and its backward, which takes the output and log-sum-exp (so given a whole row's statistics
+# it returns one key block's share: flex spans and ring blocks use it). None where missing.
+CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+CPU_FLASH_BACKWARD = getattr(
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None
+)
 
 
 def why_not(call: AttentionCall) -> str | None:
@@ -48,7 +53,7 @@ def why_not(call: AttentionCall) -> str | None:
     if call.T == 0 or call.S == 0:
         return "empty sequence (T or S is 0)"
     if call.need_weights:
-        if call.query.device.type != "cpu" or _CPU_FLASH is None or not NATIVE_DEAD_ROWS:
+        if call.query.device.type != "cpu" or CPU_FLASH is None or not NATIVE_DEAD_ROWS:
             return "the fused kernel does not return attention weights"
         if call.dropout_p > 0.0:
             return "weights after dropout cannot be rebuilt from the log-sum-exp"
@@ -155,9 +160,9 @@ def _run_with_weights(call: AttentionCall) -> tuple[Tensor, Tensor]:
     top_left = call.causal == 0 and call.window is None and call.mask is None
     top_left = top_left and call.alibi is None
     mask = None
-    if not (top_left or call.plain):  # float32 for half precision: _CPU_FLASH takes it
+    if not (top_left or call.plain):  # float32 for half precision: CPU_FLASH takes it
         mask = to_additive(dense_mask(call), accumulation_dtype(q.dtype))
-    out, lse = _CPU_FLASH(q, k, v, 0.0, top_left, attn_mask=mask, scale=call.scale)
+    out, lse = CPU_FLASH(q, k, v, 0.0, top_left, attn_mask=mask, scale=call.scale)
     out = poison_rows(out.reshape(B, H, T, Dv), call.query)  # (B, H, T, Dv)
     lse = lse.reshape(B, H, T)  # (B, H, T); 0 on rows with no visible key, whose scores are -inf
     return out, rebuild(call, lse, lse_differentiable=False)
