@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 # light and optional extras are only needed by what is used.
 _SUBPACKAGES = (
     "reference", "attention", "nn", "models", "data", "checkpoint", "generate", "train",
-    "pretrained", "inspect", "bench", "distributed",
+    "pretrained", "inspect", "bench", "distributed", "integrations",
 )
 
 __all__ = [

@@ -47,6 +47,9 @@ class AttentionCall:
         alibi_offset: None, or the key position of query 0 for ALiBi distances when it is
             neither the causal shift nor ``S - T`` (a block of a longer sequence, as in
             context-parallel attention, where query and key blocks start at other offsets).
+        need_lse: whether the caller wants the log-sum-exp ``(B, H, T)`` back (``return_lse``
+            of :func:`qkv.scaled_dot_product_attention`; backends that cannot give it say so
+            in ``why_not``).
     """
 
     query: Tensor
@@ -62,6 +65,7 @@ class AttentionCall:
     batch_shape: tuple[int, ...]
     squeeze_heads: bool = False
     alibi_offset: int | None = None
+    need_lse: bool = False
 
     @property
     def num_heads(self) -> int:
@@ -271,6 +275,7 @@ def make_call(
     need_weights: bool,
     window: int | None = None,
     alibi_slopes: Tensor | None = None,
+    need_lse: bool = False,
 ) -> AttentionCall:
     """Check every argument and build the :class:`AttentionCall` (see ``sdpa`` for rules).
 
@@ -333,4 +338,5 @@ def make_call(
         need_weights=bool(need_weights),
         batch_shape=batch_shape,
         squeeze_heads=squeeze_heads,
+        need_lse=bool(need_lse),
     )

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor
 
 from qkv.attention import dispatch
 from qkv.attention.call import AttentionCall, make_call
 from qkv.attention.dispatch import Explanation
+from qkv.attention.errors import AttentionArgumentError
 from qkv.attention.flex_sdpa import FlexExplanation, explain_flex, sdpa_flex
 
-__all__ = ["explain", "run_call", "scaled_dot_product_attention"]
+__all__ = ["explain", "run_call", "run_call_lse", "scaled_dot_product_attention"]
 
 
 def scaled_dot_product_attention(
@@ -37,7 +39,8 @@ def scaled_dot_product_attention(
     alibi_slopes: Tensor | None = None,
     score_mod: Callable | None = None,
     mask_mod: Callable | None = None,
-) -> Tensor | tuple[Tensor, Tensor]:
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, ...]:
     """Scaled dot-product attention with the semantics of torch's, plus weights on request.
 
     Args:
@@ -75,10 +78,20 @@ def scaled_dot_product_attention(
             tiles it leaves empty are skipped. ``is_causal`` and ``attn_mask`` combine with
             either mod; dropout, ``window`` and ``alibi_slopes`` do not (use the mods of
             :mod:`qkv.attention.mods`).
+        return_lse: keyword-only extra: also return the log-sum-exp of each query row,
+            ``lse[..., h, i] = log Σ_j exp(s_ij)`` over the scaled, masked scores ``s``
+            (as FlashAttention and FlexAttention return it), ``(..., H, T)``, float32
+            (float64 for float64 inputs); ``-inf`` on a row with no visible key. Every
+            backend gives it (``torch``: on CPU, without dropout, ``Dv == D``). Gradients
+            flow through the output always, and through the lse on ``math`` and ``flash``;
+            torch's kernel returns it without gradient, so ``auto`` picks ``flash`` when
+            the inputs require grad. Not with ``score_mod``/``mask_mod``: use
+            :func:`qkv.flex_attention` (``return_lse=True``).
 
     Returns:
         The output ``(..., H, T, Dv)``, or ``(output, weights)`` with weights ``(..., H, T, S)``
-        when ``need_weights``. A query row with no visible key gets a zero output row, zero
+        when ``need_weights``; ``return_lse`` appends the lse: ``(output, lse)`` or
+        ``(output, weights, lse)``. A query row with no visible key gets a zero output row, zero
         weights and zero gradient, never NaN. With dropout the weights returned are the ones
         applied (after dropout).
 
@@ -114,16 +127,47 @@ def scaled_dot_product_attention(
             cannot honour the call (``backend="torch"`` with ``need_weights=True``).
     """
     if score_mod is not None or mask_mod is not None:
+        if return_lse:
+            raise AttentionArgumentError(
+                "return_lse=True cannot be combined with score_mod/mask_mod here; call "
+                "qkv.flex_attention(query, key, value, score_mod, block_mask, "
+                "return_lse=True) instead"
+            )
         return sdpa_flex(
             query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
             need_weights, backend, window, alibi_slopes, score_mod, mask_mod,
         )
+    if not isinstance(return_lse, bool):
+        raise AttentionArgumentError(f"return_lse must be a bool, got {return_lse!r}")
     call = make_call(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, need_weights,
-        window, alibi_slopes,
+        window, alibi_slopes, need_lse=return_lse,
     )
-    out, weights = run_call(call, backend)
-    return _finish(call, out, weights)
+    if not return_lse:
+        out, weights = run_call(call, backend)
+        return _finish(call, out, weights)
+    out, weights, lse = run_call_lse(call, backend)
+    return (*_tuple(_finish(call, out, weights)), _finish_lse(call, lse))
+
+
+def run_call_lse(
+    call: AttentionCall, backend: str = "auto"
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """:func:`run_call` for a call with ``need_lse``: ``(out (B, H, T, Dv), weights or None,
+    lse (B, H, T))``, the lse in the backend's own dtype (see each backend's ``run_lse``)."""
+    return dispatch.select(call, backend).run_lse(call)
+
+
+def _tuple(result: Tensor | tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
+    return result if isinstance(result, tuple) else (result,)
+
+
+def _finish_lse(call: AttentionCall, lse: Tensor) -> Tensor:
+    """The lse ``(B, H, T)`` in the caller's leading dimensions, float32 (float64 inputs:
+    float64)."""
+    dtype = torch.float64 if call.query.dtype == torch.float64 else torch.float32
+    lse = lse.to(dtype).reshape(*call.batch_shape, *lse.shape[1:])  # (..., H, T)
+    return lse[0] if call.squeeze_heads else lse  # (T,) for 2-D inputs
 
 
 def run_call(call: AttentionCall, backend: str = "auto") -> tuple[Tensor, Tensor | None]:
@@ -178,6 +222,7 @@ def explain(
     alibi_slopes: Tensor | None = None,
     score_mod: Callable | None = None,
     mask_mod: Callable | None = None,
+    return_lse: bool = False,
 ) -> Explanation | FlexExplanation:
     """Say which backend ``scaled_dot_product_attention`` would run for these arguments.
 
@@ -194,7 +239,7 @@ def explain(
                             dropout_p, window, alibi_slopes, backend)
     call = make_call(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, need_weights,
-        window, alibi_slopes,
+        window, alibi_slopes, need_lse=bool(return_lse),
     )
     decision = dispatch.decide(call)
     if backend == "auto":

@@ -6,6 +6,7 @@ from qkv.nn.alibi import ALiBi, alibi_bias, alibi_slopes
 from qkv.nn.attention import Attention
 from qkv.nn.block import TransformerBlock
 from qkv.nn.cache import KVCache, LayerKVCache
+from qkv.nn.convert import from_torch, to_torch
 from qkv.nn.core import AttentionCore
 from qkv.nn.errors import DropInArgumentError, DropInTypeError
 from qkv.nn.feedforward import FeedForward, SwiGLU, make_feedforward
@@ -54,10 +55,12 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "apply_rotary",
+    "from_torch",
     "generate_square_subsequent_mask",
     "make_feedforward",
     "make_norm",
     "rotary_cos_sin",
     "rotate_half",
     "sinusoidal_table",
+    "to_torch",
 ]

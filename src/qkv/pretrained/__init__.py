@@ -23,7 +23,9 @@ Module map: :mod:`~qkv.pretrained.registry` (``load``, packaged names),
 :mod:`~qkv.pretrained.tokenizer_gguf` (tokenizers), :mod:`~qkv.pretrained.chat` (chat
 templates), converters :mod:`~qkv.pretrained.hf_bert`, :mod:`~qkv.pretrained.hf_gpt2`,
 :mod:`~qkv.pretrained.hf_llama`, :mod:`~qkv.pretrained.gguf_llama` over
-:mod:`~qkv.pretrained.gguf_reader` and :mod:`~qkv.pretrained.weights` (strict name maps).
+:mod:`~qkv.pretrained.gguf_reader` and :mod:`~qkv.pretrained.weights` (strict name maps);
+:mod:`~qkv.pretrained.save_hf` writes GPT-2-, Llama- and BERT-style models back as Hugging
+Face folders (the same name maps, reversed).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from torch import Tensor
 from qkv.data.files import BadFileError, MissingFileError
 from qkv.pretrained.bundle import DecoderBundle, EncoderBundle, cosine_table
 from qkv.pretrained.registry import PACKAGED, known_names, load, locate
+from qkv.pretrained.save_hf import save_hf
 from qkv.pretrained.tokenizer import PretrainedTokenizer
 
 __all__ = [
@@ -51,6 +54,7 @@ __all__ = [
     "known_names",
     "load",
     "locate",
+    "save_hf",
     "stream_chat",
 ]
 

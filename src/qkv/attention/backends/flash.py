@@ -86,6 +86,20 @@ def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     return out, weights
 
 
+def run_lse(call: AttentionCall) -> tuple[Tensor, Tensor | None, Tensor]:
+    """:func:`run` plus the kernel's own log-sum-exp ``(B, H, T)`` (float32 for half-precision
+    inputs, else float64; ``-inf`` on rows with no visible key). It is differentiable: the
+    backward pass adds ``dlse · p`` to the score gradients."""
+    out, lse = attend(call)
+    out = poison_rows(out, call.query)
+    weights = None
+    if call.need_weights:
+        from qkv.attention.weights import rebuild
+
+        weights = rebuild(call, lse)
+    return out, weights, lse
+
+
 def attend(call: AttentionCall, *, block_q: int | None = None, block_k: int | None = None):
     """Run flash attention on ``call``: ``(out (B, H, T, Dv), lse (B, H, T))``.
 

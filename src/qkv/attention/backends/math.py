@@ -51,6 +51,21 @@ def softmax_rows(scores: Tensor) -> Tensor:
     return e / safe_total(e.sum(dim=-1, keepdim=True))
 
 
+def row_lse(scores: Tensor) -> Tensor:
+    """Log-sum-exp over the last dimension ``(..., S) -> (...)``; ``-inf`` on a row with no
+    visible key (every score ``-inf``, or ``S = 0``), whose gradient is then zero, not NaN.
+
+    ``max + log Σ exp(s - max)`` with the maximum detached (the result does not depend on
+    it), so the gradient is the softmax, exactly as ``torch.logsumexp``'s.
+    """
+    if scores.shape[-1] == 0:
+        return scores.new_full(scores.shape[:-1], float("-inf"))
+    top = safe_row_max(scores.amax(dim=-1, keepdim=True).detach())  # dead rows: 0
+    total = torch.exp(scores - top).sum(dim=-1, keepdim=True)  # (..., 1); 0 on dead rows
+    lse = top + torch.log(safe_total(total))
+    return lse.masked_fill(total == 0, float("-inf")).squeeze(-1)  # (...)
+
+
 def run(
     call: AttentionCall,
     *,
@@ -66,6 +81,26 @@ def run(
     (``need_weights``) are in the inputs' dtype. A non-finite query row gives a NaN output
     row and a NaN weights row, even when it sees no key.
     """
+    out, weights, _ = _attend(call, on_scores, on_weights, want_lse=False)
+    return out, weights
+
+
+def run_lse(call: AttentionCall) -> tuple[Tensor, Tensor | None, Tensor]:
+    """:func:`run` plus the log-sum-exp ``(B, H, T)`` of the scaled, masked scores (in the
+    accumulation dtype, differentiable; ``-inf`` on rows with no visible key)."""
+    out, weights, lse = _attend(call, None, None, want_lse=True)
+    assert lse is not None
+    return out, weights, lse
+
+
+def _attend(
+    call: AttentionCall,
+    on_scores: Callable[[Tensor], Tensor] | None,
+    on_weights: Callable[[Tensor], Tensor] | None,
+    *,
+    want_lse: bool,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The steps of :func:`run`; also the log-sum-exp ``(B, H, T)`` when ``want_lse``."""
     q, k, v = call.query, call.key, call.value
     B, H, T, D = q.shape
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
@@ -83,6 +118,7 @@ def run(
     scores = apply_mask(scores, call)
     if on_scores is not None:
         scores = on_scores(scores).to(acc)
+    lse = row_lse(scores) if want_lse else None  # (B, H, T)
     # 4) Softmax over the keys.
     weights = softmax_rows(scores)
     if on_weights is not None:
@@ -98,5 +134,5 @@ def run(
     # 7) A non-finite query row is NaN even where the softmax gave zeros (no visible key).
     out = poison_rows(out, q)
     if not call.need_weights:
-        return out, None
-    return out, poison_rows(applied.to(q.dtype), q)
+        return out, None, lse
+    return out, poison_rows(applied.to(q.dtype), q), lse

@@ -61,6 +61,21 @@ def why_not(call: AttentionCall) -> str | None:
             return "torch's CPU kernel returns the log-sum-exp only when Dv == D"
         if call.groups > 1 and not call.plain:
             return "weights of grouped-query heads under a mask are rebuilt by flash"
+    if call.need_lse:
+        return _why_not_lse(call)
+    return None
+
+
+def _why_not_lse(call: AttentionCall) -> str | None:
+    """Why torch's CPU flash kernel cannot give this call's log-sum-exp, or ``None``."""
+    if call.query.device.type != "cpu" or CPU_FLASH is None or not NATIVE_DEAD_ROWS:
+        return "only torch's CPU flash kernel returns the log-sum-exp"
+    if call.dropout_p > 0.0:
+        return "torch's CPU flash kernel (the one returning the log-sum-exp) has no dropout"
+    if call.value.shape[-1] != call.query.shape[-1]:
+        return "torch's CPU kernel returns the log-sum-exp only when Dv == D"
+    if call.groups > 1 and not call.plain:
+        return "the log-sum-exp of grouped-query heads under a mask comes from flash"
     return None
 
 
@@ -73,6 +88,11 @@ def prefer_not(call: AttentionCall) -> str | None:
         parts.append("a sliding window")
     if call.causal not in (None, 0):
         parts.append("a causal offset")
+    if call.need_lse and torch.is_grad_enabled() and any(
+        t.requires_grad for t in (call.query, call.key, call.value)
+    ):
+        # torch's kernel gives its lse no gradient; flash's lse differentiates.
+        return "torch's log-sum-exp carries no gradient; flash's does"
     if parts:
         return (
             f"{' and '.join(parts)} would be materialised as a dense (T, S) mask; "
@@ -142,16 +162,26 @@ def _output(call: AttentionCall) -> Tensor:
     return out
 
 
-def _run_with_weights(call: AttentionCall) -> tuple[Tensor, Tensor]:
-    """torch's CPU flash kernel for the output and lse, then the weights rebuilt exactly
-    (:func:`qkv.attention.weights.rebuild`), as the flash backend does with its own lse.
+def run_lse(call: AttentionCall) -> tuple[Tensor, Tensor | None, Tensor]:
+    """:func:`run` plus the log-sum-exp ``(B, H, T)`` of torch's CPU flash kernel (float32,
+    float64 for float64 inputs; ``-inf`` on rows with no visible key). The lse carries no
+    gradient (torch's kernel does not differentiate it); the output does."""
+    out, lse, mask = _cpu_flash(call)
+    if mask is not None:
+        dead = dead_rows(mask).squeeze(-1)  # (B|1, H|1, T): the kernel gives these lse 0
+        lse = lse.masked_fill(dead, float("-inf"))
+    weights = None
+    if call.need_weights:
+        from qkv.attention.weights import rebuild
 
-    Measured (1 thread, B=8, H=8, D=64, float32): 0.8 / 11 / 244 ms at T=S=32 / 128 / 512,
-    against 1.2 / 12 / 308 ms for flash + rebuild. Its lse carries no gradient; rebuild adds
-    that path, so the weights differentiate as the softmax does.
-    """
-    from qkv.attention.weights import rebuild
+        weights = rebuild(call, lse, lse_differentiable=False)
+    return out, weights, lse
 
+
+def _cpu_flash(call: AttentionCall) -> tuple[Tensor, Tensor, Tensor | None]:
+    """torch's CPU flash kernel on ``call``: ``(out (B, H, T, Dv), lse (B, H, T), mask)``,
+    ``mask`` the dense additive mask it was given (None when the call needed none). The lse
+    is 0 on rows with no visible key."""
     q, k, v = call.query, call.key, call.value
     B, H, T, D = q.shape
     Hkv, Dv = k.shape[1], v.shape[3]
@@ -164,5 +194,18 @@ def _run_with_weights(call: AttentionCall) -> tuple[Tensor, Tensor]:
         mask = to_additive(dense_mask(call), accumulation_dtype(q.dtype))
     out, lse = CPU_FLASH(q, k, v, 0.0, top_left, attn_mask=mask, scale=call.scale)
     out = poison_rows(out.reshape(B, H, T, Dv), call.query)  # (B, H, T, Dv)
-    lse = lse.reshape(B, H, T)  # (B, H, T); 0 on rows with no visible key, whose scores are -inf
+    return out, lse.reshape(B, H, T), mask  # lse (B, H, T)
+
+
+def _run_with_weights(call: AttentionCall) -> tuple[Tensor, Tensor]:
+    """torch's CPU flash kernel for the output and lse, then the weights rebuilt exactly
+    (:func:`qkv.attention.weights.rebuild`), as the flash backend does with its own lse.
+
+    Measured (1 thread, B=8, H=8, D=64, float32): 0.8 / 11 / 244 ms at T=S=32 / 128 / 512,
+    against 1.2 / 12 / 308 ms for flash + rebuild. Its lse carries no gradient; rebuild adds
+    that path, so the weights differentiate as the softmax does.
+    """
+    from qkv.attention.weights import rebuild
+
+    out, lse, _ = _cpu_flash(call)  # lse 0 on rows with no visible key: their scores are -inf
     return out, rebuild(call, lse, lse_differentiable=False)
