@@ -14,6 +14,11 @@
     qi.plot_head(cap, "head.png", layer=0, head=1, q_tokens=labels)
     qi.view(model, labels, "attention.html", input_ids=ids)             # one offline file
 
+    logits, cache = qi.run_with_cache(model, ids)   # every hook point, detached
+    cache.decompose_resid()                         # embeddings + each head + biases + FFNs
+    qi.logit_lens(cache); qi.direct_logit_attribution(cache, (good, bad))
+    qi.patch_residual(model, clean, corrupted, metric)                  # (L, T) sweep
+
 Hook points (identity modules, :mod:`qkv.nn.hooks`), by name under each block ``{stack}.{i}``:
 ``hook_resid_pre``, ``self_attn.hook_q`` / ``hook_k`` / ``hook_v`` / ``hook_inputs`` /
 ``hook_scores`` / ``hook_weights`` / ``hook_out``, ``hook_attn_out``, ``hook_resid_mid``,
@@ -26,12 +31,32 @@ Modules: :mod:`~qkv.inspect.hookpoints`, :mod:`~qkv.inspect.capture`,
 :mod:`~qkv.inspect.weights` (exact weights from queries, keys and the log-sum-exp),
 :mod:`~qkv.inspect.trace`, :mod:`~qkv.inspect.plots`, :mod:`~qkv.inspect.figures`,
 :mod:`~qkv.inspect.viewer` (with :mod:`~qkv.inspect.viewer_data`), :mod:`~qkv.inspect.report`
-(everything into one folder, for ``qkv inspect``).
+(everything into one folder, for ``qkv inspect``); analysis above the hooks:
+:mod:`~qkv.inspect.cache` (``run_with_cache``), :mod:`~qkv.inspect.decompose` (the residual
+stream as a sum), :mod:`~qkv.inspect.lens` (logit lens, direct logit attribution),
+:mod:`~qkv.inspect.patching`, :mod:`~qkv.inspect.analysis_plots`,
+:mod:`~qkv.inspect.induction` (prefix-matching scores, head ablation).
 """
 
+from qkv.inspect.analysis_plots import (
+    plot_head_attribution,
+    plot_heatmap,
+    plot_logit_lens,
+    plot_patching,
+)
+from qkv.inspect.cache import ActivationCache, run_with_cache
 from qkv.inspect.capture import Captured, capture, join_calls
+from qkv.inspect.decompose import ResidComponents, decompose_resid
 from qkv.inspect.figures import plot_masks, plot_positions
 from qkv.inspect.hookpoints import attention_layers, hook_points, hooks
+from qkv.inspect.induction import (
+    ablate_heads,
+    head_means,
+    prefix_matching_scores,
+    previous_token_scores,
+)
+from qkv.inspect.lens import Attribution, LogitLens, direct_logit_attribution, logit_lens
+from qkv.inspect.patching import patch_heads, patch_residual
 from qkv.inspect.plots import plot_alignment, plot_grid, plot_head, plot_rollout, rollout
 from qkv.inspect.report import write_report
 from qkv.inspect.trace import Trace, TraceStep, trace
@@ -39,22 +64,40 @@ from qkv.inspect.viewer import View, view
 from qkv.inspect.weights import weights_of
 
 __all__ = [
+    "ActivationCache",
+    "Attribution",
     "Captured",
+    "LogitLens",
+    "ResidComponents",
     "Trace",
     "TraceStep",
     "View",
+    "ablate_heads",
     "attention_layers",
     "capture",
+    "decompose_resid",
+    "direct_logit_attribution",
+    "head_means",
     "hook_points",
     "hooks",
     "join_calls",
+    "logit_lens",
+    "patch_heads",
+    "patch_residual",
     "plot_alignment",
     "plot_grid",
     "plot_head",
+    "plot_head_attribution",
+    "plot_heatmap",
+    "plot_logit_lens",
     "plot_masks",
+    "plot_patching",
     "plot_positions",
     "plot_rollout",
+    "prefix_matching_scores",
+    "previous_token_scores",
     "rollout",
+    "run_with_cache",
     "trace",
     "view",
     "weights_of",
