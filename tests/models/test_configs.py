@@ -37,7 +37,7 @@ COMMON_ERRORS = [
     (dict(dropout=-0.1), r"dropout must be a number in \[0, 1\), got -0.1"),
     (dict(norm="sandwich"), r"norm must be one of \('post', 'pre'\), got 'sandwich'"),
     (dict(activation="tanh"), r"activation must be one of \('relu', 'gelu', 'gelu_tanh', "
-                              r"'silu', 'swiglu'\), got 'tanh'"),
+                              r"'silu', 'swiglu', 'geglu'\), got 'tanh'"),
     (dict(d_ff=0), r"d_ff must be a positive int( or None)?, got 0"),
 ]
 

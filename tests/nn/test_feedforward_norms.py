@@ -175,8 +175,8 @@ def test_make_feedforward_kinds():
     assert isinstance(s, SwiGLU) and s.gate_proj.bias is None
     assert make_feedforward("swiglu", 8, 16, bias=True).up_proj.bias is not None
     assert make_feedforward("gelu", 8, 16, bias=False).linear2.bias is None
-    with pytest.raises(ValueError, match=r"kind must be one of \(.*'swiglu'\), got 'geglu'"):
-        make_feedforward("geglu", 8, 16)
+    with pytest.raises(ValueError, match=r"kind must be one of \(.*'geglu'\), got 'reglu'"):
+        make_feedforward("reglu", 8, 16)
     with pytest.raises(TypeError, match="takes the activation from `kind`"):
         make_feedforward("relu", 8, 16, activation="gelu")
 

@@ -130,8 +130,10 @@ def test_bad_folder_names_the_tensor(tmp_path, edit, message):
 
 
 def test_unsupported_folders_say_why(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    with pytest.raises(ValueError, match=r"model_type='t5' is not supported; known: \('bert', 'gpt2', 'llama'\)"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "falcon"}))
+    with pytest.raises(ValueError, match=r"model_type='falcon' is not supported; known: "
+                       r"\('bert', 'gpt2', 'llama', 'mistral', 'qwen2', 'qwen3', 'gemma2', "
+                       r"'phi3', 'bart', 't5', 'marian'\)"):
         qkv.pretrained.load(tmp_path)
     _gpt2(tmp_path, scale_attn_by_inverse_layer_idx=True)
     with pytest.raises(ValueError, match="scale_attn_by_inverse_layer_idx=True is not supported"):

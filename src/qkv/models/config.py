@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from qkv.nn.block import NORM_PLACEMENTS
-from qkv.nn.feedforward import ACTIVATIONS as _FFN_ACTIVATIONS
+from qkv.nn.feedforward import FEEDFORWARD_KINDS
 from qkv.nn.norms import NORMS
 
 __all__ = [
@@ -26,9 +26,10 @@ __all__ = [
     "ConfigBase",
 ]
 
-ACTIVATIONS = (*_FFN_ACTIVATIONS, "swiglu")  # the feed-forward kinds of make_feedforward
+ACTIVATIONS = FEEDFORWARD_KINDS  # every feed-forward kind make_feedforward builds
 NORM_KINDS = NORMS
-POSITIONS = ("sinusoidal", "learned", "rope", "alibi", None)
+# "relative": T5's bucketed relative position bias (models.parts.make_positions).
+POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "relative", None)
 
 C = TypeVar("C", bound="ConfigBase")
 

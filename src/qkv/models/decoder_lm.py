@@ -9,6 +9,15 @@ Llama (Touvron et al., 2023): RoPE, RMSNorm, SwiGLU, grouped-query attention, no
 difference is entirely in :class:`DecoderLMConfig`; the model is assembled from the same parts
 (:class:`~qkv.nn.TransformerBlock`, :func:`~qkv.models.parts.make_positions`, ``make_norm``).
 
+Today's decoders are configurations too, through generic options: a sliding window on every
+layer (``window``: Mistral) or per layer (``layer_windows``: Gemma 2 alternates local and
+global layers), with a rolling KV cache (:meth:`DecoderLM.new_cache`); q/k/v biases
+(``qkv_bias``: Qwen2); per-head query/key norms (``qk_norm``: Qwen3); soft-capped attention
+scores and logits (``attn_softcap``, ``logit_softcap``), a score scale (``attn_scale``), an
+embedding multiplier (``embed_scale``) and sublayer-output norms (``sandwich_norm``: Gemma 2);
+RoPE scaling (``rope_scaling``: Llama 3, linear, dynamic NTK, YaRN) and partial rotary
+(``rope_dim``: Phi).
+
 Padding: batches of prompts are left-padded for generation; pass ``attention_mask`` (1 = real
 token) over every cached and new position and ``positions`` counting only real tokens, and each
 row computes what it computes alone.
@@ -24,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from qkv.models.config import ACTIVATIONS, NORM_KINDS, NORM_PLACEMENTS, POSITIONS, ConfigBase
@@ -42,8 +52,12 @@ from qkv.models.parts import (
 from qkv.nn.block import TransformerBlock
 from qkv.nn.cache import KVCache
 from qkv.nn.norms import make_norm
+from qkv.nn.rope_scaling import RopeScaling
 
 __all__ = ["DecoderLM", "DecoderLMConfig"]
+
+# T5's relative bias ("relative") is built for encoder-decoders (Seq2SeqTransformer).
+_DECODER_POSITIONS = tuple(p for p in POSITIONS if p != "relative")
 
 
 @dataclass(frozen=True)
@@ -65,12 +79,28 @@ class DecoderLMConfig(ConfigBase):
         norm_kind: ``"layernorm"`` or ``"rmsnorm"``.
         norm_eps: epsilon of every norm.
         activation: ``"gelu"``, ``"gelu_tanh"`` (GPT-2), ``"relu"``, ``"silu"``, ``"swiglu"``
-            (Llama).
+            (Llama), ``"geglu"`` (Gemma).
         positions: ``"learned"``, ``"rope"``, ``"alibi"``, ``"sinusoidal"`` or None.
         rope_base: RoPE frequency base (10000; Llama 3 500000).
         bias: biases in every Linear (except ``lm_head``) and LayerNorm.
         tie_embeddings: ``lm_head.weight`` is ``embed.weight`` (one tensor).
         pad_id, bos_id, eos_id: special token ids (None or in ``[0, V)``), for generation.
+        attn_scale: factor on ``q·k`` (None: ``1/sqrt(D)``; Gemma 2 ``query_pre_attn_scalar
+            ** -0.5``).
+        qkv_bias, k_bias, out_bias: per-projection attention bias overrides (None: follow
+            ``bias``; Qwen2: ``qkv_bias=True`` with ``bias=False``).
+        qk_norm: None, ``"rmsnorm"`` or ``"layernorm"`` over each query/key head (Qwen3).
+        window: sliding causal window of every layer (Mistral), or None.
+        layer_windows: one window (or None: full attention) per layer (Gemma 2's alternating
+            local/global layers), or None; not together with ``window``. A JSON list is
+            stored as a tuple.
+        attn_softcap: ``cap·tanh(score/cap)`` on the attention scores (Gemma 2: 50), or None.
+        logit_softcap: ``cap·tanh(logit/cap)`` on the output logits (Gemma 2: 30), or None.
+        embed_scale: the embeddings are multiplied by it (Gemma: ``sqrt(E)``).
+        sandwich_norm: pre-norm blocks also normalise each sublayer's output (Gemma 2).
+        rope_scaling: None or a :class:`~qkv.nn.rope_scaling.RopeScaling` as a dict
+            (``{"kind": "llama3", "factor": 8.0, "original_max_len": 8192, ...}``).
+        rope_dim: columns of each head RoPE rotates (None: all; partial rotary).
     """
 
     vocab_size: int
@@ -93,6 +123,19 @@ class DecoderLMConfig(ConfigBase):
     pad_id: int | None = None
     bos_id: int | None = None
     eos_id: int | None = None
+    attn_scale: float | None = None
+    qkv_bias: bool | None = None
+    k_bias: bool | None = None
+    out_bias: bool | None = None
+    qk_norm: str | None = None
+    window: int | None = None
+    layer_windows: tuple[int | None, ...] | None = None
+    attn_softcap: float | None = None
+    logit_softcap: float | None = None
+    embed_scale: float = 1.0
+    sandwich_norm: bool = False
+    rope_scaling: dict[str, Any] | None = None
+    rope_dim: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "max_len"):
@@ -106,12 +149,62 @@ class DecoderLMConfig(ConfigBase):
         self._choice("norm", NORM_PLACEMENTS)
         self._choice("norm_kind", NORM_KINDS)
         self._choice("activation", ACTIVATIONS)
-        self._choice("positions", POSITIONS)
-        self._rope_even(self.positions, self.head_dim)
+        self._choice("positions", _DECODER_POSITIONS)
+        if self.rope_dim is None:
+            self._rope_even(self.positions, self.head_dim)
         for name in ("bias", "tie_embeddings"):
             self._flag(name)
         for name in ("pad_id", "bos_id", "eos_id"):
             self._token(name, self.vocab_size)
+        self._check_options()
+
+    def _check_options(self) -> None:
+        """The options of today's decoders (see the class docstring)."""
+        for name in ("attn_scale", "attn_softcap", "logit_softcap"):
+            if getattr(self, name) is not None:
+                self._float(name, low=0.0)
+        self._float("embed_scale", low=0.0)
+        for name in ("qkv_bias", "k_bias", "out_bias"):
+            if getattr(self, name) is not None:
+                self._flag(name)
+        self._choice("qk_norm", (*NORM_KINDS, None))
+        self._int("window", optional=True)
+        self._flag("sandwich_norm")
+        if self.sandwich_norm and self.norm != "pre":
+            self._fail("sandwich_norm", "False with norm='post'", self.sandwich_norm)
+        if self.layer_windows is not None:
+            windows = self.layer_windows
+            ok = isinstance(windows, (list, tuple)) and len(windows) == self.num_layers
+            if not ok or not all(w is None or (isinstance(w, int) and not isinstance(w, bool)
+                                               and w >= 1) for w in windows):  # fmt: skip
+                self._fail("layer_windows", f"a sequence of {self.num_layers} entries (one per "
+                           "layer), each None or a positive int", windows)  # fmt: skip
+            if self.window is not None:
+                self._fail("layer_windows", "None when window is set (give one or the other)",
+                           windows)  # fmt: skip
+            object.__setattr__(self, "layer_windows", tuple(windows))
+        rope_options = self.rope_scaling is not None or self.rope_dim is not None
+        if rope_options and self.positions != "rope":
+            self._fail("positions", "'rope' when rope_scaling or rope_dim is set",
+                       self.positions)  # fmt: skip
+        if self.rope_scaling is not None:
+            try:
+                scaling = RopeScaling.from_dict(self.rope_scaling)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"DecoderLMConfig.rope_scaling: {err}") from None
+            object.__setattr__(self, "rope_scaling", scaling.to_dict())
+        if self.rope_dim is not None:
+            self._int("rope_dim", minimum=2)
+            if self.rope_dim % 2 or self.rope_dim > self.head_dim:
+                self._fail("rope_dim", f"None or an even int <= the head width {self.head_dim}",
+                           self.rope_dim)  # fmt: skip
+
+    @property
+    def windows(self) -> tuple[int | None, ...]:
+        """The sliding window of each layer (None: full causal attention)."""
+        if self.layer_windows is not None:
+            return tuple(self.layer_windows)
+        return (self.window,) * self.num_layers
 
     @property
     def head_dim(self) -> int:
@@ -123,7 +216,7 @@ class DecoderLMConfig(ConfigBase):
         """Feed-forward hidden width (``d_ff`` or its default)."""
         if self.d_ff is not None:
             return self.d_ff
-        if self.activation == "swiglu":
+        if self.activation in ("swiglu", "geglu"):
             hidden = (8 * self.d_model + 2) // 3  # ceil(8E/3)
             return (hidden + 7) // 8 * 8  # rounded up to a multiple of 8
         return 4 * self.d_model
@@ -173,7 +266,8 @@ class DecoderLM(ModelBase):
         self.config = c = config
         parts = make_positions(
             c.positions, d_model=c.d_model, d_head=c.head_dim, max_len=c.max_len,
-            rope_base=c.rope_base,
+            rope_base=c.rope_base, rope_dim=c.rope_dim,
+            rope_scaling=None if c.rope_scaling is None else RopeScaling.from_dict(c.rope_scaling),
         )
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         self.pos = parts.added
@@ -183,9 +277,12 @@ class DecoderLM(ModelBase):
             TransformerBlock(
                 c.d_model, c.num_heads, c.ffn_dim, num_kv_heads=c.num_kv_heads,
                 d_head=c.d_head, dropout=c.dropout, activation=c.activation, norm=c.norm,
-                norm_kind=c.norm_kind, norm_eps=c.norm_eps, bias=c.bias, **parts.attention,
+                norm_kind=c.norm_kind, norm_eps=c.norm_eps, bias=c.bias, scale=c.attn_scale,
+                qkv_bias=c.qkv_bias, k_bias=c.k_bias, out_bias=c.out_bias, qk_norm=c.qk_norm,
+                window=window, softcap=c.attn_softcap, sandwich_norm=c.sandwich_norm,
+                **parts.attention,
             )
-            for _ in range(c.num_layers)
+            for window in c.windows
         )
         # Pre-norm leaves the residual stream unnormalised, so one last norm precedes the head.
         self.norm_f = (
@@ -197,12 +294,15 @@ class DecoderLM(ModelBase):
         if c.tie_embeddings:
             self.lm_head.weight = self.embed.weight
 
-    def new_cache(self, batch_size: int | None = None, max_len: int | None = None) -> KVCache:
+    def new_cache(self, batch_size: int | None = None, max_len: int | None = None, *,
+                  rolling: bool = True) -> KVCache:  # fmt: skip
         """An empty :class:`~qkv.nn.KVCache` with one layer per block.
 
         Args:
             batch_size: accepted for symmetry; buffers take the batch size of the first step.
             max_len: preallocate room for ``max_len`` tokens (None: grow as needed).
+            rolling: layers with a sliding window keep only their last ``window`` positions
+                (a rolling cache; outputs are the same); False keeps every position.
 
         Raises:
             ValueError: ``batch_size`` or ``max_len`` not a positive int or None.
@@ -211,7 +311,8 @@ class DecoderLM(ModelBase):
             isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
         ):
             raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
-        return KVCache(self.config.num_layers, max_len=max_len)
+        windows = self.config.windows if rolling else None
+        return KVCache(self.config.num_layers, max_len=max_len, windows=windows)
 
     def forward(
         self,
@@ -271,10 +372,13 @@ class DecoderLM(ModelBase):
         if attention_mask is not None:
             mask = padding_keep_mask("attention_mask", attention_mask, B, offset + T)
 
-        h = self.drop(add_positions(self.pos, self.embed(input_ids), offset=offset,
-                                    positions=positions))  # (B, T, E)
-        # One new token after a cache sees every cached key: no causal mask to build.
-        causal = T > 1
+        h = self.embed(input_ids)  # (B, T, E)
+        if c.embed_scale != 1.0:
+            h = h * c.embed_scale  # (B, T, E)
+        h = self.drop(add_positions(self.pos, h, offset=offset, positions=positions))
+        # One new token after a cache sees every cached key: no causal mask to build, unless
+        # a sliding window hides the oldest ones.
+        causal = T > 1 or any(w is not None for w in c.windows)
         for i, block in enumerate(self.blocks):
             h = block(
                 h, mask=mask, is_causal=causal, cache=None if cache is None else cache[i],
@@ -282,4 +386,7 @@ class DecoderLM(ModelBase):
             )  # (B, T, E)
         if self.norm_f is not None:
             h = self.norm_f(h)
-        return self.lm_head(h)  # (B, T, V)
+        logits = self.lm_head(h)  # (B, T, V)
+        if c.logit_softcap is not None:
+            logits = c.logit_softcap * torch.tanh(logits / c.logit_softcap)  # (B, T, V)
+        return logits

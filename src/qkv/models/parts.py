@@ -24,7 +24,9 @@ from qkv.attention.flex_blocks import BlockMask, create_block_mask
 from qkv.attention.mods import document_mask
 from qkv.nn.cache import KVCache
 from qkv.nn.positions import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from qkv.nn.relative_bias import RelativePositionBias
 from qkv.nn.rope import RotaryEmbedding
+from qkv.nn.rope_scaling import RopeScaling
 
 __all__ = [
     "ModelBase",
@@ -59,11 +61,15 @@ class PositionParts:
             ``alibi_symmetric``); one ``RotaryEmbedding`` is shared by every block.
         limit: number of positions there are (a learned table's rows), or None when any
             position works.
+        bias: module giving a ``(1, H, T, S)`` bias added to the self-attention scores
+            (T5's relative bias, ``bias(T, S, offset)``), computed once per stack and given to
+            every block of it as a float mask; None for the other schemes.
     """
 
     added: nn.Module | None = None
     attention: dict[str, Any] = field(default_factory=dict)
     limit: int | None = None
+    bias: nn.Module | None = None
 
 
 def make_positions(
@@ -74,16 +80,27 @@ def make_positions(
     max_len: int,
     rope_base: float = 10000.0,
     symmetric: bool = False,
+    num_heads: int | None = None,
+    relative_buckets: int = 32,
+    relative_max_distance: int = 128,
+    rope_scaling: RopeScaling | None = None,
+    rope_dim: int | None = None,
 ) -> PositionParts:
     """Build the parts of positional scheme ``kind`` (a config's ``positions``).
 
     Args:
-        kind: ``"learned"``, ``"sinusoidal"``, ``"rope"``, ``"alibi"`` or None.
+        kind: ``"learned"``, ``"sinusoidal"``, ``"rope"``, ``"alibi"``, ``"relative"``
+            (T5's bucketed bias, :class:`~qkv.nn.relative_bias.RelativePositionBias`) or None.
         d_model: model width ``E``.
         d_head: head width ``D`` (RoPE rotates ``D``-wide queries and keys).
         max_len: rows of a learned table; rows precomputed for the others.
         rope_base: RoPE frequency base.
-        symmetric: ALiBi with ``|i - j|`` distances (bidirectional encoders).
+        symmetric: ALiBi with ``|i - j|`` distances, or a bidirectional relative bias
+            (encoders).
+        num_heads: heads ``H`` of the relative bias (needed for ``"relative"`` only).
+        relative_buckets, relative_max_distance: the relative bias's buckets (T5: 32, 128).
+        rope_scaling: RoPE frequency scaling (:class:`~qkv.nn.rope_scaling.RopeScaling`).
+        rope_dim: columns RoPE rotates (None: all of ``d_head``; partial rotary).
 
     Raises:
         ValueError: unknown ``kind`` (configs have rejected it already).
@@ -94,15 +111,20 @@ def make_positions(
         ),
         "sinusoidal": lambda: PositionParts(SinusoidalPositionalEncoding(d_model, max_len)),
         "rope": lambda: PositionParts(
-            attention={"rope": RotaryEmbedding(d_head, base=rope_base, max_len=max_len)}
+            attention={"rope": RotaryEmbedding(d_head, base=rope_base, max_len=max_len,
+                                               scaling=rope_scaling, rotary_dim=rope_dim)}
         ),
         "alibi": lambda: PositionParts(
             attention={"alibi": True, "alibi_symmetric": symmetric}
         ),
+        "relative": lambda: PositionParts(bias=RelativePositionBias(
+            num_heads, relative_buckets, relative_max_distance, bidirectional=symmetric)),
         None: lambda: PositionParts(),
     }
     if kind not in builders:
         raise ValueError(f"positions must be one of {tuple(builders)}, got {kind!r}")
+    if kind == "relative" and num_heads is None:
+        raise ValueError("positions='relative' needs num_heads (one bias per head)")
     return builders[kind]()
 
 

@@ -9,7 +9,7 @@ from qkv.nn.cache import KVCache, LayerKVCache
 from qkv.nn.convert import from_torch, to_torch
 from qkv.nn.core import AttentionCore
 from qkv.nn.errors import DropInArgumentError, DropInTypeError
-from qkv.nn.feedforward import FeedForward, SwiGLU, make_feedforward
+from qkv.nn.feedforward import FeedForward, GeGLU, SwiGLU, make_feedforward
 from qkv.nn.heads import AttentionHead, HeadList, SelfAttention
 from qkv.nn.multihead import MultiheadAttention
 from qkv.nn.norms import make_norm
@@ -19,6 +19,7 @@ from qkv.nn.positions import (
     sinusoidal_table,
 )
 from qkv.nn.rope import RotaryEmbedding, apply_rotary, rotary_cos_sin, rotate_half
+from qkv.nn.rope_scaling import RopeScaling
 from qkv.nn.transformer import (
     Transformer,
     TransformerDecoder,
@@ -36,12 +37,14 @@ __all__ = [
     "DropInArgumentError",
     "DropInTypeError",
     "FeedForward",
+    "GeGLU",
     "HeadList",
     "KVCache",
     "LayerKVCache",
     "LearnedPositionalEmbedding",
     "LuongAttention",
     "MultiheadAttention",
+    "RopeScaling",
     "RotaryEmbedding",
     "SelfAttention",
     "SinusoidalPositionalEncoding",

@@ -21,6 +21,15 @@ cache holds); ``hook_inputs`` (the :class:`~qkv.nn.hooks.AttentionInputs` record
 ``hook_scores`` and ``hook_weights`` ``(B, H, T, S)``, formed only while a hook listens (then
 this layer runs the math backend); ``hook_out (B, H, T, Dv)``, the per-head outputs.
 
+Options of today's models, each a constructor argument usable by any model: ``scale`` (the
+factor on ``q·k``: T5 uses 1, Gemma 2 ``query_pre_attn_scalar**-0.5``), per-projection
+biases (``qkv_bias``, ``k_bias``, ``out_bias`` over ``bias``: Qwen2 biases q/k/v only, Whisper
+has no key bias), ``qk_norm`` (RMSNorm or LayerNorm over ``D`` of each query and key head,
+before RoPE: Qwen3), ``window`` (a sliding causal window: Mistral, Gemma 2's local layers) and
+``softcap`` (``cap·tanh(score/cap)`` on the scaled scores: Gemma 2). The window and the soft
+cap travel in the :class:`~qkv.nn.hooks.AttentionInputs` record (``window``, and the cap as a
+``score_mod``), so :mod:`qkv.inspect` rebuilds exact weights for them.
+
 Programmable attention: ``forward(..., score_mod=, block_mask=)`` takes torch's FlexAttention
 functions (:func:`qkv.flex_attention`, :func:`qkv.create_block_mask`, the ready ones in
 :mod:`qkv.attention.mods`) and runs them on the blockwise kernel; ``mask``, ``is_causal``,
@@ -37,19 +46,38 @@ from torch import Tensor, nn
 
 from qkv.attention import masks
 from qkv.attention.flex_blocks import BlockMask
-from qkv.checks import positive_int
+from qkv.attention.score_mods import soft_cap
+from qkv.checks import is_number, positive_int
 from qkv.nn.alibi import alibi_bias, alibi_slopes
 from qkv.nn.cache import LayerKVCache
 from qkv.nn.core import AttentionCore
 from qkv.nn.hooks import check_flex_args
+from qkv.nn.norms import NORMS, make_norm
 from qkv.nn.rope import RotaryEmbedding
 
 __all__ = ["Attention"]
 
 
-
 def _shape(t: Tensor) -> str:
     return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+def _positive(name: str, value: object) -> float | None:
+    """None, or ``value`` as a float when it is a finite number > 0."""
+    if value is None:
+        return None
+    if not is_number(value) or not value > 0:
+        raise ValueError(f"{name} must be a finite number > 0 or None, got {value!r}")
+    return float(value)
+
+
+def _then(first: Callable, second: Callable) -> Callable:
+    """One ``score_mod``: ``first``, then ``second``."""
+
+    def both(score, b, h, q_idx, kv_idx):
+        return second(first(score, b, h, q_idx, kv_idx), b, h, q_idx, kv_idx)
+
+    return both
 
 
 class Attention(AttentionCore):
@@ -66,6 +94,19 @@ class Attention(AttentionCore):
         rope: rotary embedding applied to queries and keys (self-attention only).
         alibi: add ALiBi distance biases (self-attention only).
         alibi_symmetric: use ``-|i - j|`` distances (encoders) instead of causal ``j - i``.
+        scale: factor on ``q·k`` (default None: ``1/sqrt(D)``); a finite number > 0.
+        qkv_bias: biases in ``q_proj``, ``k_proj`` and ``v_proj`` (None: follow ``bias``).
+        k_bias: bias in ``k_proj`` alone (None: follow ``qkv_bias``, then ``bias``).
+        out_bias: bias in ``out_proj`` (None: follow ``bias``).
+        qk_norm: None, ``"rmsnorm"`` or ``"layernorm"``: normalise each query and key head
+            over ``D`` (submodules ``q_norm``, ``k_norm``), after the projection and before
+            RoPE (Qwen3; Dehghani et al., 2023).
+        norm_eps: epsilon of the ``qk_norm`` layers.
+        window: None or a sliding causal window ``w`` (self-attention, with ``is_causal``):
+            query ``i`` sees keys ``j`` with ``i - w < j <= i``, aligned bottom-right with a
+            cache (Mistral; Beltagy et al., 2020).
+        softcap: None or ``cap > 0``: the scaled scores become ``cap·tanh(score / cap)``
+            before masking and softmax (Gemma 2); runs as a ``score_mod`` on the flex path.
 
     Submodules ``q_proj (E -> H·D)``, ``k_proj (Ec -> Hkv·D)``, ``v_proj (Ec -> Hkv·D)`` and
     ``out_proj (H·D -> E)`` are ``nn.Linear``; head ``h`` owns rows ``h·D .. (h+1)·D - 1`` of
@@ -74,8 +115,11 @@ class Attention(AttentionCore):
     Raises:
         ValueError: non-positive sizes, ``d_model % num_heads != 0`` without ``d_head``,
             ``num_heads % num_kv_heads != 0``, ``dropout`` outside ``[0, 1)``, a rope whose
-            ``d_head`` differs, or ``alibi_symmetric`` without ``alibi``.
-        TypeError: ``rope`` that is not a ``RotaryEmbedding``.
+            ``d_head`` differs, ``alibi_symmetric`` without ``alibi``, a ``scale``,
+            ``window`` or ``softcap`` that is not a positive number (int for ``window``), an
+            unknown ``qk_norm``.
+        TypeError: ``rope`` that is not a ``RotaryEmbedding``, a bias override that is not a
+            bool or None.
     """
 
     def __init__(
@@ -91,6 +135,14 @@ class Attention(AttentionCore):
         rope: RotaryEmbedding | None = None,
         alibi: bool = False,
         alibi_symmetric: bool = False,
+        scale: float | None = None,
+        qkv_bias: bool | None = None,
+        k_bias: bool | None = None,
+        out_bias: bool | None = None,
+        qk_norm: str | None = None,
+        norm_eps: float = 1e-6,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
         super().__init__()
         self.d_model = positive_int("d_model", d_model)
@@ -124,12 +176,26 @@ class Attention(AttentionCore):
         self.rope = rope
         self.alibi = bool(alibi)
         self.alibi_symmetric = bool(alibi_symmetric)
+        self.scale = _positive("scale", scale)
+        self.softcap = _positive("softcap", softcap)
+        self._cap_mod = None if softcap is None else soft_cap(float(softcap))
+        self.window = None if window is None else positive_int("window", window)
+        for name, flag in (("qkv_bias", qkv_bias), ("k_bias", k_bias), ("out_bias", out_bias)):
+            if flag is not None and not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool or None, got {flag!r}")
+        in_bias = bias if qkv_bias is None else qkv_bias
+        key_bias = in_bias if k_bias is None else k_bias
 
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.d_head
-        self.q_proj = nn.Linear(d_model, H * D, bias=bias)
-        self.k_proj = nn.Linear(self.d_context, Hkv * D, bias=bias)
-        self.v_proj = nn.Linear(self.d_context, Hkv * D, bias=bias)
-        self.out_proj = nn.Linear(H * D, d_model, bias=bias)
+        self.q_proj = nn.Linear(d_model, H * D, bias=in_bias)
+        self.k_proj = nn.Linear(self.d_context, Hkv * D, bias=key_bias)
+        self.v_proj = nn.Linear(self.d_context, Hkv * D, bias=in_bias)
+        self.out_proj = nn.Linear(H * D, d_model, bias=bias if out_bias is None else out_bias)
+        if qk_norm is not None and qk_norm not in NORMS:
+            raise ValueError(f"qk_norm must be None or one of {NORMS}, got {qk_norm!r}")
+        self.qk_norm = qk_norm
+        self.q_norm = None if qk_norm is None else make_norm(qk_norm, D, eps=norm_eps)
+        self.k_norm = None if qk_norm is None else make_norm(qk_norm, D, eps=norm_eps)
 
     def extra_repr(self) -> str:
         parts = [f"d_model={self.d_model}", f"num_heads={self.num_heads}"]
@@ -142,6 +208,9 @@ class Attention(AttentionCore):
             parts.append(f"dropout={self.dropout}")
         if self.alibi:
             parts.append("alibi=" + ("symmetric" if self.alibi_symmetric else "causal"))
+        for name in ("scale", "qk_norm", "window", "softcap"):
+            if getattr(self, name) is not None:
+                parts.append(f"{name}={getattr(self, name)!r}")
         return ", ".join(parts)
 
     def forward(
@@ -179,7 +248,8 @@ class Attention(AttentionCore):
                 (:func:`qkv.create_block_mask` with ``B`` and ``H`` None, 1 or this call's),
                 or None; ``is_causal`` is AND-ed into it. With ``score_mod`` or
                 ``block_mask`` the call runs :func:`qkv.flex_attention` (dense when attention
-                dropout is on in training, or a hook reads the scores or weights).
+                dropout is on in training, or a hook reads the scores or weights). With a
+                ``softcap`` the cap comes first, then ``score_mod``.
 
         Returns:
             ``(out (B, T, E), weights (B, H, T, S))``, weights None unless ``need_weights``.
@@ -189,17 +259,29 @@ class Attention(AttentionCore):
         Raises:
             TypeError: non-tensor inputs or masks, a cache that is not a ``LayerKVCache``.
             ValueError: wrong ranks or widths, a context batch different from ``x``'s, no
-                context when ``d_context != d_model``, RoPE or ALiBi with a context, masks
+                context when ``d_context != d_model``, RoPE, ALiBi or a window with a context,
+                a window without ``is_causal``, masks
                 that do not broadcast, cache mismatches, a ``block_mask`` made for other
                 lengths (``S`` counts cached keys), batch or heads.
         """
         self._check_inputs(x, context, cache)
+        if self.window is not None and not is_causal:
+            raise ValueError(
+                f"this attention has a sliding window ({self.window}), which is causal: call it "
+                "with is_causal=True (also for one new token after a cache)"
+            )
         q = self._split(self.q_proj(x), self.num_heads)  # (B, H, T, D)
+        if self.q_norm is not None:
+            q = self.q_norm(q)  # (B, H, T, D)
         if context is None:
             q, k, v = self._self_keys(x, q, cache, positions)
         else:
             k, v = self._cross_keys(context, cache, x.shape[0])
         B, H, T, S = q.shape[0], self.num_heads, q.shape[2], k.shape[2]
+        if mask is not None and cache is not None and context is None:
+            mask = cache.visible(mask, S)  # a rolling cache holds only the last S positions
+        if self._cap_mod is not None:
+            score_mod = self._cap_mod if score_mod is None else _then(self._cap_mod, score_mod)
         if mask is not None:
             # The one check of the user's mask (this is the public boundary).
             mask = masks.check_attn_mask(mask, (B, H, T, S), name="mask", dtype=x.dtype)
@@ -209,6 +291,7 @@ class Attention(AttentionCore):
             q, k, v, mask=mask, is_causal=causal_flag, alibi_slopes=slopes,
             dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights,
             cross=context is not None, score_mod=score_mod, block_mask=block_mask,
+            scale=self.scale, window=self.window,
         )  # (B, H, T, Dv)
         return self.out_proj(self._merge(out)), weights
 
@@ -230,6 +313,8 @@ class Attention(AttentionCore):
         """Project ``x`` to keys/values, rotate q and k, append to the cache."""
         k = self._split(self.k_proj(x), self.num_kv_heads)  # (B, Hkv, T, D)
         v = self._split(self.v_proj(x), self.num_kv_heads)  # (B, Hkv, T, D)
+        if self.k_norm is not None:
+            k = self.k_norm(k)  # (B, Hkv, T, D)
         if self.rope is not None:
             offset = 0 if cache is None else cache.length
             q = self.rope(q, offset=offset, positions=positions)  # (B, H, T, D)
@@ -252,6 +337,8 @@ class Attention(AttentionCore):
             return k, v
         k = self._split(self.k_proj(context), self.num_kv_heads)  # (B, Hkv, S, D)
         v = self._split(self.v_proj(context), self.num_kv_heads)  # (B, Hkv, S, D)
+        if self.k_norm is not None:
+            k = self.k_norm(k)  # (B, Hkv, S, D)
         if cache is not None:
             cache.set_static(k, v)
         return k, v
@@ -301,10 +388,11 @@ class Attention(AttentionCore):
                     f"context batch size {context.shape[0]} (shape {_shape(context)}) must "
                     f"equal x's {x.shape[0]} (shape {_shape(x)})"
                 )
-            if self.rope is not None or self.alibi:
+            if self.rope is not None or self.alibi or self.window is not None:
                 raise ValueError(
-                    "rope and alibi encode positions within one sequence; this module has "
-                    "them, so it cannot be called with a context (cross-attention)"
+                    "rope, alibi and a sliding window work on positions within one sequence; "
+                    "this module has one, so it cannot be called with a context "
+                    "(cross-attention)"
                 )
         if cache is not None and not isinstance(cache, LayerKVCache):
             raise TypeError(

@@ -6,6 +6,8 @@ original Transformer, BERT) or before the sublayer (pre-norm, GPT-2, Llama, ViT;
 
     post-norm:  x = norm(x + dropout(sublayer(x)))
     pre-norm:   x = x + dropout(sublayer(norm(x)))
+    sandwich:   x = x + dropout(norm_out(sublayer(norm(x))))   (pre-norm with
+                                                  ``sandwich_norm=True``: Gemma 2, CogView)
 
 The sublayers are, in order: self-attention (:class:`~qkv.nn.attention.Attention`), then, in
 an encoder-decoder's decoder, cross-attention to a context (the encoder output), then the
@@ -25,6 +27,10 @@ residual sum), ``hook_resid_mid`` (the stream after it, normalised for post-norm
 cross-attention ``hook_cross_out`` and ``hook_resid_cross``, then ``hook_ffn_out`` and
 ``hook_resid_post`` (the block's output). The feed-forward's hidden activations are
 ``ffn.hook_hidden``; the attention's own are in ``self_attn`` / ``cross_attn``.
+
+The attention options of :class:`~qkv.nn.attention.Attention` pass through: ``scale``, the bias
+overrides ``qkv_bias`` / ``k_bias`` / ``out_bias``, ``qk_norm`` and ``softcap`` apply to self-
+and cross-attention alike; ``window`` to self-attention only.
 """
 
 from __future__ import annotations
@@ -57,6 +63,11 @@ def _pre_norm(x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Module) 
 _RESIDUALS = {"post": _post_norm, "pre": _pre_norm}
 
 
+def _maybe(norm: nn.Module | None, x: Tensor) -> Tensor:
+    """``norm(x)``, or ``x`` without a norm (the sublayer-output norm is optional)."""
+    return x if norm is None else norm(x)  # (B, T, E)
+
+
 class TransformerBlock(nn.Module):
     """Self-attention (+ cross-attention) + feed-forward, each in a normalised residual branch.
 
@@ -80,15 +91,23 @@ class TransformerBlock(nn.Module):
         rope: rotary embedding for the self-attention (shared between blocks is fine).
         alibi: ALiBi biases in the self-attention.
         alibi_symmetric: ALiBi with ``-|i - j|`` distances (encoders).
+        scale, qkv_bias, k_bias, out_bias, qk_norm, softcap: passed to the attention
+            sublayers (see :class:`~qkv.nn.attention.Attention`; ``qk_norm`` uses
+            ``norm_eps``).
+        window: the self-attention's sliding causal window (None: none).
+        sandwich_norm: pre-norm only: also normalise each sublayer's output before the
+            residual sum (submodules ``attn_out_norm``, ``cross_out_norm``, ``ffn_out_norm``;
+            Gemma 2's post-attention and post-feed-forward norms).
 
     Submodules: ``self_attn`` (:class:`Attention`), ``attn_norm``, ``cross_attn`` and
-    ``cross_norm`` (None without cross-attention), ``ffn`` (``FeedForward`` with
+    ``cross_norm`` (None without cross-attention), ``attn_out_norm``, ``cross_out_norm`` and
+    ``ffn_out_norm`` (None without ``sandwich_norm``), ``ffn`` (``FeedForward`` with
     ``linear1``/``linear2`` or ``SwiGLU`` with ``gate_proj``/``up_proj``/``down_proj``),
     ``ffn_norm``, ``dropout`` (on the residual branches).
 
     Raises:
         ValueError: unknown ``norm``, ``norm_kind`` or ``activation``; bad sizes or dropout
-            (from the sublayers, naming the argument).
+            (from the sublayers, naming the argument); ``sandwich_norm`` with post-norm.
     """
 
     def __init__(
@@ -109,25 +128,52 @@ class TransformerBlock(nn.Module):
         rope: RotaryEmbedding | None = None,
         alibi: bool = False,
         alibi_symmetric: bool = False,
+        scale: float | None = None,
+        qkv_bias: bool | None = None,
+        k_bias: bool | None = None,
+        out_bias: bool | None = None,
+        qk_norm: str | None = None,
+        window: int | None = None,
+        softcap: float | None = None,
+        sandwich_norm: bool = False,
     ) -> None:
         super().__init__()
         if norm not in NORM_PLACEMENTS:
             raise ValueError(f"norm must be one of {NORM_PLACEMENTS}, got {norm!r}")
+        if not isinstance(sandwich_norm, bool) or (sandwich_norm and norm != "pre"):
+            raise ValueError(
+                f"sandwich_norm must be a bool, True only with norm='pre'; got {sandwich_norm!r} "
+                f"with norm={norm!r}"
+            )
         self.norm = norm
         self._residual = _RESIDUALS[norm]
-        attn = {"d_head": d_head, "bias": bias, "dropout": dropout}
+        attn = {"d_head": d_head, "bias": bias, "dropout": dropout, "scale": scale,
+                "qkv_bias": qkv_bias, "k_bias": k_bias, "out_bias": out_bias,
+                "qk_norm": qk_norm, "norm_eps": norm_eps, "softcap": softcap}  # fmt: skip
         self.self_attn = Attention(
             d_model, num_heads, num_kv_heads=num_kv_heads, rope=rope, alibi=alibi,
-            alibi_symmetric=alibi_symmetric, **attn,
+            alibi_symmetric=alibi_symmetric, window=window, **attn,
         )
-        self.attn_norm = make_norm(norm_kind, d_model, eps=norm_eps, bias=bias)
+
+        def norm_layer() -> nn.Module:
+            return make_norm(norm_kind, d_model, eps=norm_eps, bias=bias)
+
+        def out_norm() -> nn.Module | None:
+            return norm_layer() if sandwich_norm else None
+
+        self.attn_norm = norm_layer()
+        self.attn_out_norm: nn.Module | None = out_norm()
         self.cross_attn: Attention | None = None
         self.cross_norm: nn.Module | None = None
+        self.cross_out_norm: nn.Module | None = None
         if cross_attention:
             self.cross_attn = Attention(d_model, num_heads, **attn)
-            self.cross_norm = make_norm(norm_kind, d_model, eps=norm_eps, bias=bias)
+            self.cross_norm = norm_layer()
+            self.cross_out_norm = out_norm()
         self.ffn = make_feedforward(activation, d_model, d_ff, dropout=dropout, bias=bias)
-        self.ffn_norm = make_norm(norm_kind, d_model, eps=norm_eps, bias=bias)
+        self.ffn_norm = norm_layer()
+        self.ffn_out_norm: nn.Module | None = out_norm()
+        self.sandwich_norm = sandwich_norm
         self.dropout = nn.Dropout(dropout)
         # Identity hook points on the residual stream (see the module docstring).
         self.hook_resid_pre, self.hook_attn_out = HookPoint(), HookPoint()
@@ -137,7 +183,8 @@ class TransformerBlock(nn.Module):
         self.hook_ffn_out, self.hook_resid_post = HookPoint(), HookPoint()
 
     def extra_repr(self) -> str:
-        return f"norm={self.norm!r}, cross_attention={self.cross_attn is not None}"
+        sandwich = ", sandwich_norm=True" if self.sandwich_norm else ""
+        return f"norm={self.norm!r}, cross_attention={self.cross_attn is not None}{sandwich}"
 
     def forward(
         self,
@@ -194,21 +241,22 @@ class TransformerBlock(nn.Module):
                 h, mask=mask, is_causal=is_causal, cache=cache, positions=positions,
                 score_mod=score_mod, block_mask=block_mask,
             )
-            return self.dropout(self.hook_attn_out(out))
+            return self.dropout(self.hook_attn_out(_maybe(self.attn_out_norm, out)))
 
         x = self.hook_resid_pre(x)
         x = self.hook_resid_mid(self._residual(x, self_attention, self.attn_norm))
         if self.cross_attn is not None:
             cross_attn, hook_out = self.cross_attn, self.hook_cross_out
+            out_norm = self.cross_out_norm
             assert hook_out is not None and self.hook_resid_cross is not None
 
             def cross_attention(h: Tensor) -> Tensor:
                 out, _ = cross_attn(h, context, mask=context_mask, cache=cache)
-                return self.dropout(hook_out(out))
+                return self.dropout(hook_out(_maybe(out_norm, out)))
 
             x = self.hook_resid_cross(self._residual(x, cross_attention, self.cross_norm))
 
         def feed_forward(h: Tensor) -> Tensor:
-            return self.dropout(self.hook_ffn_out(self.ffn(h)))
+            return self.dropout(self.hook_ffn_out(_maybe(self.ffn_out_norm, self.ffn(h))))
 
         return self.hook_resid_post(self._residual(x, feed_forward, self.ffn_norm))

@@ -13,6 +13,14 @@ positions, so no step copies the whole past. When autograd is tracking the keys/
 cached forward in training) the cache concatenates out of place instead, because writing in
 place would invalidate tensors that earlier steps saved for backward.
 
+Rolling cache (``window=w``, for sliding-window attention: Mistral, Gemma 2's local layers):
+a layer whose queries see only the last ``w`` keys needs no older ones, so after each update
+the cache keeps only the last ``w`` positions. ``length`` still counts every token seen (the
+position of the next one, for RoPE); ``held`` is what is stored. ``update`` returns the held
+keys plus the new ones (a prefill longer than ``w`` sees all of its own keys), so attention
+with the same window over them equals full recompute. A ``(B, S)`` padding mask over all
+positions is cut to the returned keys by :meth:`LayerKVCache.visible`.
+
 Cross-attention keys/values do not grow: they are projected once from the encoder output and
 stored with ``set_static``; one ``LayerKVCache`` can serve a decoder layer's self-attention
 (``update``) and cross-attention (``static``) together.
@@ -58,6 +66,14 @@ def _check_pair(k: object, v: object, what: str) -> tuple[Tensor, Tensor]:
     return k, v
 
 
+def _check_window(window: object) -> int | None:
+    if window is not None and (
+        not isinstance(window, int) or isinstance(window, bool) or window < 1
+    ):
+        raise ValueError(f"window must be a positive int or None, got {window!r}")
+    return window
+
+
 def _check_max_len(max_len: object) -> int | None:
     if max_len is not None and (
         not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 1
@@ -86,16 +102,22 @@ class LayerKVCache:
 
     Args:
         max_len: if given, the buffers are allocated once for ``max_len`` tokens and going
-            past it raises; if None, capacity grows geometrically.
+            past it raises; if None, capacity grows geometrically. Not used by a rolling
+            cache (it holds at most ``window`` positions between steps).
+        window: None, or roll: keep only the last ``window`` positions after each update
+            (see the module docstring).
 
     Attributes:
-        length: number of tokens cached (by ``update``; static entries do not count).
+        length: number of tokens seen (by ``update``; static entries do not count); with
+            ``window`` only the last ``held`` of them are stored.
         static: ``None`` or the cross-attention pair ``(k (B, Hkv, S, D), v (B, Hkv, S, Dv))``
             stored by :meth:`set_static`.
     """
 
-    def __init__(self, *, max_len: int | None = None) -> None:
+    def __init__(self, *, max_len: int | None = None, window: int | None = None) -> None:
         self.max_len = _check_max_len(max_len)
+        self.window = _check_window(window)
+        self._start = 0  # position of the first held token (> 0 only when rolling)
         self._k: Tensor | None = None  # (B, Hkv, capacity, D)
         self._v: Tensor | None = None  # (B, Hkv, capacity, Dv)
         self._length = 0
@@ -106,13 +128,19 @@ class LayerKVCache:
         return self._length
 
     @property
+    def held(self) -> int:
+        """Tokens stored (``length`` minus those a rolling cache has dropped)."""
+        return self._length - self._start
+
+    @property
     def capacity(self) -> int:
         """Tokens the buffers hold before they must grow (0 before the first update)."""
         return 0 if self._k is None else self._k.shape[2]
 
     def __repr__(self) -> str:
         static = "" if self.static is None else f", static S={self.static[0].shape[2]}"
-        return f"LayerKVCache(length={self._length}, capacity={self.capacity}{static})"
+        roll = "" if self.window is None else f", window={self.window}, held={self.held}"
+        return f"LayerKVCache(length={self._length}, capacity={self.capacity}{roll}{static})"
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append ``T_new`` tokens and return every cached key and value.
@@ -124,6 +152,7 @@ class LayerKVCache:
         Returns:
             ``(k_all (B, Hkv, S, D), v_all (B, Hkv, S, Dv))`` with ``S = length`` after the
             update; views of the cache buffers (not copies) unless autograd is tracking.
+            Rolling: ``S = held + T_new`` (the held positions, then the new ones).
 
         Raises:
             TypeError: non-tensors, non-float dtypes, a dtype or device different from the
@@ -133,6 +162,8 @@ class LayerKVCache:
         """
         k, v = _check_pair(k, v, "LayerKVCache.update")
         self._check_matches(k, v)
+        if self.window is not None:
+            return self._roll(k, v)
         start, stop = self._length, self._length + k.shape[2]
         if self.max_len is not None and stop > self.max_len:
             raise ValueError(
@@ -155,6 +186,31 @@ class LayerKVCache:
         self._length = stop
         return self._k[:, :, :stop], self._v[:, :, :stop]  # (B, Hkv, S, D), (B, Hkv, S, Dv)
 
+    def _roll(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Rolling update: return held + new, then keep the last ``window`` positions."""
+        assert self.window is not None
+        keys = k if self._k is None else torch.cat([self._k, k], 2)  # (B, Hkv, S, D)
+        values = v if self._v is None else torch.cat([self._v, v], 2)  # (B, Hkv, S, Dv)
+        self._length += k.shape[2]
+        keep = min(keys.shape[2], self.window)
+        self._start = self._length - keep
+        # A copy when positions are dropped, so the dropped ones are freed.
+        self._k, self._v = (keys, values) if keep == keys.shape[2] else (
+            keys[:, :, -keep:].clone(), values[:, :, -keep:].clone())  # fmt: skip
+        return keys, values
+
+    def visible(self, mask: Tensor, S: int) -> Tensor:
+        """``mask`` cut to the keys the last :meth:`update` returned.
+
+        A rolling cache returns the last ``S`` of the ``length`` positions; a mask whose last
+        dimension counts all ``length`` positions (a ``(B, 1, 1, length)`` padding mask) keeps
+        its last ``S`` columns. Any other mask is returned as it is.
+        """
+        if (isinstance(mask, Tensor) and mask.dim() >= 1 and S < self._length
+                and mask.shape[-1] == self._length):  # fmt: skip
+            return mask[..., self._length - S :]  # (..., S)
+        return mask
+
     def set_static(self, k: Tensor, v: Tensor) -> None:
         """Store cross-attention keys ``(B, Hkv, S, D)`` and values ``(B, Hkv, S, Dv)``.
 
@@ -168,7 +224,7 @@ class LayerKVCache:
     def reset(self) -> None:
         """Forget everything (buffers, length, static); the next update may change shapes."""
         self._k = self._v = None
-        self._length = 0
+        self._length = self._start = 0
         self.static = None
 
     def reorder(self, indices: Tensor | Sequence[int]) -> None:
@@ -180,7 +236,7 @@ class LayerKVCache:
         idx = _check_indices(indices, self._batch())
         if self._k is not None and self._v is not None:
             idx_d = idx.to(self._k.device)
-            n = self._length
+            n = self.held
             k, v = self._k, self._v
             # Copy only the filled part; the new buffers keep the old capacity.
             self._k = k.new_empty((idx.numel(), *k.shape[1:]))  # (B', Hkv, capacity, D)
@@ -196,10 +252,17 @@ class LayerKVCache:
         """Keep only the first ``n`` cached tokens (static entries are untouched).
 
         Raises:
-            ValueError: ``n`` not an int in ``[0, length]``.
+            ValueError: ``n`` not an int in ``[0, length]`` (``[length - held, length]`` for
+                a rolling cache: dropped positions cannot come back).
         """
-        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= self._length:
-            raise ValueError(f"crop: n must be an int in [0, {self._length}], got {n!r}")
+        if not isinstance(n, int) or isinstance(n, bool) or not self._start <= n <= self._length:
+            raise ValueError(
+                f"crop: n must be an int in [{self._start}, {self._length}], got {n!r}"
+                + (" (a rolling cache has dropped the positions before)" if self._start else "")
+            )
+        if self.window is not None and self._k is not None and self._v is not None:
+            self._k = self._k[:, :, : n - self._start]  # (B, Hkv, held', D)
+            self._v = self._v[:, :, : n - self._start]  # (B, Hkv, held', Dv)
         self._length = n
 
     def _batch(self) -> int | None:
@@ -251,16 +314,26 @@ class KVCache:
     Args:
         num_layers: number of attention layers; ``cache[i]`` is layer ``i``'s cache.
         max_len: passed to every layer (preallocate for ``max_len`` tokens), or None to grow.
+        windows: None, or one entry per layer: None (keep every position) or ``w`` (a rolling
+            layer keeping the last ``w`` positions: its attention's sliding window).
 
     Raises:
-        ValueError: ``num_layers`` not a positive int, ``max_len`` not a positive int or None.
+        ValueError: ``num_layers`` not a positive int, ``max_len`` not a positive int or None,
+            ``windows`` not ``num_layers`` entries of None or positive ints.
     """
 
-    def __init__(self, num_layers: int, *, max_len: int | None = None) -> None:
+    def __init__(self, num_layers: int, *, max_len: int | None = None,
+                 windows: Sequence[int | None] | None = None) -> None:  # fmt: skip
         if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
             raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
         self.max_len = _check_max_len(max_len)
-        self.layers = [LayerKVCache(max_len=max_len) for _ in range(num_layers)]
+        if windows is None:
+            windows = [None] * num_layers
+        if isinstance(windows, (str, bytes)) or len(windows) != num_layers:
+            raise ValueError(
+                f"windows must hold one entry per layer ({num_layers}), got {windows!r}"
+            )
+        self.layers = [LayerKVCache(max_len=max_len, window=w) for w in windows]
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -306,7 +379,8 @@ class KVCache:
                 checked before any layer changes.
         """
         shortest = min(layer.length for layer in self.layers)
-        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= shortest:
-            raise ValueError(f"crop: n must be an int in [0, {shortest}], got {n!r}")
+        dropped = max(layer.length - layer.held for layer in self.layers)  # rolling layers
+        if not isinstance(n, int) or isinstance(n, bool) or not dropped <= n <= shortest:
+            raise ValueError(f"crop: n must be an int in [{dropped}, {shortest}], got {n!r}")
         for layer in self.layers:
             layer.crop(n)

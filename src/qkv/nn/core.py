@@ -87,6 +87,7 @@ class AttentionCore(nn.Module):
         scale: float | None = None,
         score_mod: Callable | None = None,
         block_mask: BlockMask | None = None,
+        window: int | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attention of heads that are already projected; the arguments are trusted.
 
@@ -108,6 +109,8 @@ class AttentionCore(nn.Module):
             block_mask: a ``BlockMask`` for ``(T, S)`` (:func:`qkv.create_block_mask`) or None.
                 With either, the call runs :func:`qkv.flex_attention` (see the module
                 docstring for how ``mask``, ``is_causal`` and ``alibi_slopes`` combine).
+            window: None or a sliding causal window ``w`` (needs ``is_causal``): query ``i``
+                sees only the ``w`` keys ending at its causal diagonal (itself included).
 
         Returns:
             ``(out (B, H, T, Dv), weights (B, H, T, S) or None)``; rows with no visible key
@@ -117,7 +120,7 @@ class AttentionCore(nn.Module):
         inputs = AttentionInputs(
             q, k, v, attn_mask=mask, is_causal=is_causal, alibi_slopes=alibi_slopes,
             enable_gqa=q.shape[1] != k.shape[1], dropout_p=dropout_p, cross=cross, scale=scale,
-            score_mod=score_mod, block_mask=block_mask,
+            score_mod=score_mod, block_mask=block_mask, window=window,
         )
         if self.hook_inputs.listening:
             replaced = self.hook_inputs(inputs)

@@ -1,10 +1,12 @@
-"""Position-wise feed-forward layers: the two-layer MLP and SwiGLU.
+"""Position-wise feed-forward layers: the two-layer MLP and the gated ones (SwiGLU, GeGLU).
 
 Applied to every position independently, after attention in each transformer block:
 
     FeedForward(x) = linear2(dropout(act(linear1(x))))          (Vaswani et al., 2017: ReLU;
                                                                   BERT and GPT-2: GELU)
     SwiGLU(x)      = down_proj(silu(gate_proj(x)) ⊙ up_proj(x))  (Shazeer, 2020; Llama)
+    GeGLU(x)       = down_proj(gelu_tanh(gate_proj(x)) ⊙ up_proj(x))  (Shazeer, 2020;
+                                                                  T5 v1.1, Gemma)
 
 Submodule names follow the models people load weights from: ``linear1``/``linear2`` as in
 ``torch.nn.TransformerEncoderLayer``, ``gate_proj``/``up_proj``/``down_proj`` as in Hugging
@@ -22,7 +24,8 @@ from torch import Tensor, nn
 
 from qkv.nn.hooks import HookPoint
 
-__all__ = ["ACTIVATIONS", "FeedForward", "SwiGLU", "make_feedforward"]
+__all__ = ["ACTIVATIONS", "FEEDFORWARD_KINDS", "FeedForward", "GeGLU", "SwiGLU",
+           "make_feedforward"]
 
 # Name -> factory of the activation module. "gelu" is the exact erf form (torch's default,
 # BERT); "gelu_tanh" the tanh approximation (GPT-2's "gelu_new").
@@ -32,7 +35,9 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
     "silu": nn.SiLU,
 }
-_KINDS = (*ACTIVATIONS, "swiglu")
+# Every kind make_feedforward builds: a FeedForward per activation, then the gated ones.
+FEEDFORWARD_KINDS = (*ACTIVATIONS, "swiglu", "geglu")
+_KINDS = FEEDFORWARD_KINDS
 
 
 def _check_width(name: str, value: object) -> int:
@@ -123,6 +128,8 @@ class FeedForward(nn.Module):
 class SwiGLU(nn.Module):
     """Gated MLP ``down_proj(silu(gate_proj(x)) ⊙ up_proj(x))`` (Shazeer, 2020; Llama).
 
+    :class:`GeGLU` is the same module with the tanh-approximated GELU as the gate.
+
     Three matrices instead of two, so models usually shrink ``d_ff`` to about ``8/3·E`` to
     keep the parameter count of a ``4·E`` MLP.
 
@@ -155,12 +162,26 @@ class SwiGLU(nn.Module):
             TypeError / ValueError: ``x`` is not a tensor with last dimension ``E``.
         """
         x = _check_input(x, self.d_model)
-        gated = torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x)  # (..., d_ff)
+        gated = self._gate(self.gate_proj(x)) * self.up_proj(x)  # (..., d_ff)
         gated = self.hook_hidden(gated)
         return self.down_proj(self.dropout(gated))  # (..., E)
 
+    def _gate(self, g: Tensor) -> Tensor:
+        return torch.nn.functional.silu(g)
+
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, d_ff={self.d_ff}"
+
+
+class GeGLU(SwiGLU):
+    """Gated MLP ``down_proj(gelu_tanh(gate_proj(x)) ⊙ up_proj(x))`` (Shazeer, 2020).
+
+    The gate is GELU's tanh approximation (``gelu_pytorch_tanh`` in Hugging Face configs), as
+    in Gemma and T5 v1.1. Arguments, submodules and errors as :class:`SwiGLU`.
+    """
+
+    def _gate(self, g: Tensor) -> Tensor:
+        return torch.nn.functional.gelu(g, approximate="tanh")
 
 
 def make_feedforward(kind: str, d_model: int, d_ff: int, **kw) -> nn.Module:
@@ -168,11 +189,12 @@ def make_feedforward(kind: str, d_model: int, d_ff: int, **kw) -> nn.Module:
 
     Args:
         kind: ``"relu"``, ``"gelu"``, ``"gelu_tanh"``, ``"silu"`` (a :class:`FeedForward` with
-            that activation) or ``"swiglu"`` (a :class:`SwiGLU`).
+            that activation), ``"swiglu"`` (a :class:`SwiGLU`) or ``"geglu"`` (a
+            :class:`GeGLU`).
         d_model: model width ``E``.
         d_ff: hidden width.
         **kw: passed on (``dropout``, ``bias``); defaults are each class's own (bias on for
-            :class:`FeedForward`, off for :class:`SwiGLU`).
+            :class:`FeedForward`, off for the gated ones).
 
     Returns:
         The module, mapping ``(..., E) -> (..., E)``.
@@ -187,4 +209,6 @@ def make_feedforward(kind: str, d_model: int, d_ff: int, **kw) -> nn.Module:
         raise TypeError("make_feedforward takes the activation from `kind`, not `activation=`")
     if kind == "swiglu":
         return SwiGLU(d_model, d_ff, **kw)
+    if kind == "geglu":
+        return GeGLU(d_model, d_ff, **kw)
     return FeedForward(d_model, d_ff, activation=kind, **kw)

@@ -24,9 +24,10 @@ whoever runs or rebuilds it (the core, :mod:`qkv.inspect`) sees one definition:
 2. then the ALiBi bias ``-slope_h·|i + a - j|`` and a float ``attn_mask`` are added and a
    boolean ``attn_mask`` hides keys (``-inf``), all read per tile by index (so a ``score_mod``
    such as a soft cap never turns a hidden key back into a visible one);
-3. ``is_causal`` is AND-ed into the block mask: its tile states come in closed form
-   (``min`` of the two states: empty if either is, full if both are) and its ``mask_mod``
-   gains the causal term; the user's ``mask_mod`` is not evaluated again.
+3. ``is_causal`` (with its sliding ``window``, when the record has one) is AND-ed into the
+   block mask: its tile states come in closed form (``min`` of the two states: empty if either
+   is, full if both are) and its ``mask_mod`` gains the causal term; the user's ``mask_mod`` is
+   not evaluated again.
 """
 
 from __future__ import annotations
@@ -104,6 +105,9 @@ class AttentionInputs:
         score_mod: ``(score, b, h, q_idx, kv_idx) -> score`` of :func:`qkv.flex_attention`,
             or None.
         block_mask: a :class:`~qkv.attention.flex_blocks.BlockMask` for ``(T, S)``, or None.
+        window: None or a sliding causal window ``w`` (with ``is_causal``): query ``i`` sees
+            keys ``j`` with ``i + c - w < j <= i + c``, ``c`` the causal shift (``S - T``
+            bottom-right), i.e. itself and the ``w - 1`` keys before it.
     """
 
     query: Tensor
@@ -118,6 +122,7 @@ class AttentionInputs:
     scale: float | None = None
     score_mod: Callable | None = None
     block_mask: BlockMask | None = None
+    window: int | None = None
 
     @property
     def is_flex(self) -> bool:
@@ -138,7 +143,7 @@ class AttentionInputs:
         score_mod = _chain(self.score_mod, after)
         block_mask = self.block_mask
         if shift is not None:
-            block_mask = _and_causal(block_mask, shift, T, S)
+            block_mask = _and_causal(block_mask, shift, T, S, self.window)
         return score_mod, block_mask
 
     def to_call(self, need_weights: bool = False) -> AttentionCall:
@@ -161,7 +166,8 @@ class AttentionInputs:
         scale = self.scale if self.scale is not None else 1.0 / math.sqrt(D) if D else 1.0
         return AttentionCall(
             query=q, key=k, value=self.value, mask=self.attn_mask,
-            causal=causal_shift(self.is_causal, T, S), window=None, alibi=self.alibi_slopes,
+            causal=causal_shift(self.is_causal, T, S), window=self.window,
+            alibi=self.alibi_slopes,
             scale=float(scale), dropout_p=float(self.dropout_p), need_weights=need_weights,
             batch_shape=(q.shape[0],),
         )
@@ -180,7 +186,7 @@ class AttentionInputs:
                 raise ValueError(f"AttentionInputs.{name} must be a 4-D tensor, got {shape}")
         call = make_call(
             self.query, self.key, self.value, self.attn_mask, self.dropout_p, self.is_causal,
-            self.scale, self.enable_gqa, False, None, self.alibi_slopes,
+            self.scale, self.enable_gqa, False, self.window, self.alibi_slopes,
         )
         check_flex_args(self.score_mod, self.block_mask, call.query.shape[0], call.num_heads,
                         call.T, call.S, "AttentionInputs.")  # fmt: skip
@@ -265,8 +271,10 @@ def _chain(first: Callable | None, after: list[Callable]) -> Callable | None:
 assert EMPTY < PARTIAL < FULL
 
 
-def _and_causal(block_mask: BlockMask | None, shift: int, T: int, S: int) -> BlockMask:
-    """``block_mask`` AND "key ``j <= i + shift``", its tile states in closed form."""
+def _and_causal(block_mask: BlockMask | None, shift: int, T: int, S: int,
+                window: int | None = None) -> BlockMask:  # fmt: skip
+    """``block_mask`` AND "key ``j <= i + shift``" (AND ``j > i + shift - window`` with a
+    sliding window), its tile states in closed form."""
     bq, bk = (DEFAULT_BLOCK, DEFAULT_BLOCK) if block_mask is None else block_mask.block_size
     nq, nk = -(-T // bq), -(-S // bk)
     first_row = torch.arange(nq) * bq  # (nQ,)
@@ -275,11 +283,17 @@ def _and_causal(block_mask: BlockMask | None, shift: int, T: int, S: int) -> Blo
     last_col = torch.clamp(first_col + bk, max=S) - 1
     empty = first_col[None, :] > last_row[:, None] + shift  # (nQ, nK)
     full = last_col[None, :] <= first_row[:, None] + shift  # (nQ, nK)
+    if window is not None:
+        # The window's edge: every key of the tile too old for the tile's last row (empty),
+        # or every key recent enough for its first row (full only then).
+        empty |= last_col[None, :] <= first_row[:, None] + shift - window
+        full &= first_col[None, :] > last_row[:, None] + shift - window
     state = torch.full((nq, nk), PARTIAL, dtype=torch.uint8)
     state[empty], state[full] = EMPTY, FULL
 
     def causal(b, h, q_idx, kv_idx):
-        return kv_idx <= q_idx + shift
+        keep = kv_idx <= q_idx + shift
+        return keep if window is None else keep & (kv_idx > q_idx + shift - window)
 
     if block_mask is None:
         return BlockMask(state[None, None], causal, T, S, (bq, bk))  # (1, 1, nQ, nK)

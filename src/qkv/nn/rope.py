@@ -13,12 +13,19 @@ the query and key projection rows. In this layout the rotation is
 
 with ``cos``/``sin`` of width ``D`` made of ``cat(freqs, freqs)``. Angles are computed in
 float32 (float64 for float64 inputs) and cast to the input dtype at the end.
+
+:class:`RotaryEmbedding` also takes two options of today's checkpoints: ``scaling`` (a
+:class:`~qkv.nn.rope_scaling.RopeScaling`: Llama 3's, linear, dynamic NTK or YaRN frequencies)
+and ``rotary_dim`` (partial rotary: only the first ``rotary_dim`` columns of each head turn, in
+the rotate-half layout within them; the rest pass through, as in GPT-NeoX, Phi).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+
+from qkv.nn.rope_scaling import RopeScaling, inverse_frequencies
 
 __all__ = ["RotaryEmbedding", "apply_rotary", "rotary_cos_sin", "rotate_half"]
 
@@ -126,37 +133,83 @@ class RotaryEmbedding(nn.Module):
     """Applies RoPE to queries or keys ``(B, H, T, D)``; a module so caches follow the device.
 
     The cos/sin tables for positions ``0 .. max_len - 1`` are float32 non-persistent buffers
-    ``cos_cached`` and ``sin_cached`` ``(max_len, D)``, rebuilt larger when an input goes
-    beyond them (and in float32 again if the module was cast to another dtype).
+    ``cos_cached`` and ``sin_cached`` ``(max_len, rotary_dim)``, rebuilt larger when an input
+    goes beyond them (and in float32 again if the module was cast to another dtype). With
+    ``dynamic`` scaling, a call reaching past ``original_max_len`` computes its own tables
+    from the frequencies of its length ``max(position) + 1``.
 
     Args:
-        d_head: head width ``D``, even.
+        d_head: head width ``D``.
         base: frequency base.
         max_len: positions computed up front.
+        scaling: None (plain RoPE) or a :class:`~qkv.nn.rope_scaling.RopeScaling`.
+        rotary_dim: columns rotated (even, at most ``D``; default ``D``); the others pass
+            through unchanged (partial rotary).
 
     Raises:
-        ValueError: odd ``d_head``, ``base <= 0``, or ``max_len < 1``.
+        ValueError: ``d_head`` not a positive int, ``rotary_dim`` odd or outside
+            ``[2, d_head]`` (``d_head`` odd without ``rotary_dim``), ``base <= 0``,
+            ``max_len < 1``.
+        TypeError: ``scaling`` that is not a ``RopeScaling``.
     """
 
     cos_cached: Tensor
     sin_cached: Tensor
 
-    def __init__(self, d_head: int, *, base: float = 10000.0, max_len: int = 2048) -> None:
+    def __init__(
+        self,
+        d_head: int,
+        *,
+        base: float = 10000.0,
+        max_len: int = 2048,
+        scaling: RopeScaling | None = None,
+        rotary_dim: int | None = None,
+    ) -> None:
         super().__init__()
-        self.d_head = _check_d_head(d_head)
+        if isinstance(d_head, bool) or not isinstance(d_head, int) or d_head < 1:
+            raise ValueError(f"d_head must be a positive int, got {d_head!r}")
+        self.d_head = d_head
+        if rotary_dim is None:
+            self.rotary_dim = _check_d_head(d_head)
+        elif not (isinstance(rotary_dim, int) and not isinstance(rotary_dim, bool)
+                  and 2 <= rotary_dim <= d_head and rotary_dim % 2 == 0):  # fmt: skip
+            raise ValueError(
+                f"rotary_dim must be None or an even int in [2, d_head={d_head}], got "
+                f"{rotary_dim!r}"
+            )
+        else:
+            self.rotary_dim = rotary_dim
         self.base = _check_base(base)
         if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
             raise ValueError(f"max_len must be a positive int, got {max_len!r}")
+        if scaling is not None and not isinstance(scaling, RopeScaling):
+            raise TypeError(f"scaling must be a RopeScaling or None, got {type(scaling).__name__}")
+        self.scaling = scaling
         cos, sin = self._build(max_len, None)
         self.register_buffer("cos_cached", cos, persistent=False)
         self.register_buffer("sin_cached", sin, persistent=False)
 
+    def _cos_sin(self, positions: Tensor, dtype: torch.dtype, length: int | None = None,
+                 device: torch.device | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
+        """``(cos, sin)`` of shape ``P + (rotary_dim,)`` for positions of shape ``P``."""
+        device = positions.device if device is None else device
+        work = _angle_dtype(dtype)
+        inv_freq = inverse_frequencies(self.rotary_dim, self.base, self.scaling, length)
+        inv_freq = inv_freq.to(device=device, dtype=work)  # (d/2,), rounded once
+        freqs = positions.to(device=device, dtype=work)[..., None] * inv_freq  # (P..., d/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (P..., d)
+        factor = 1.0 if self.scaling is None else self.scaling.cos_sin_factor
+        cos, sin = emb.cos(), emb.sin()
+        if factor != 1.0:
+            cos, sin = cos * factor, sin * factor
+        return cos.to(dtype), sin.to(dtype)
+
     def _build(self, n: int, device: torch.device | None) -> tuple[Tensor, Tensor]:
         positions = torch.arange(n, device=device)  # (n,)
-        return rotary_cos_sin(positions, self.d_head, self.base, torch.float32)  # (n, D) each
+        return self._cos_sin(positions, torch.float32)  # (n, d) each
 
     def _tables(self, offset: int, T: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        """Float32 ``(T, D)`` cos/sin for positions ``offset .. offset + T - 1``."""
+        """Float32 ``(T, d)`` cos/sin for positions ``offset .. offset + T - 1``."""
         n = self.cos_cached.shape[0]
         stale = self.cos_cached.dtype != torch.float32 or self.cos_cached.device != device
         if stale or offset + T > n:
@@ -164,6 +217,15 @@ class RotaryEmbedding(nn.Module):
             n = max(offset + T, 2 * n) if offset + T > n else n
             self.cos_cached, self.sin_cached = self._build(n, device)
         return self.cos_cached[offset : offset + T], self.sin_cached[offset : offset + T]
+
+    def _scaled_length(self, length: int) -> int | None:
+        """The length the frequencies depend on (dynamic scaling past its training length),
+        or None when the fixed tables apply."""
+        s = self.scaling
+        if s is None or not s.depends_on_length():
+            return None
+        assert s.original_max_len is not None
+        return length if length > s.original_max_len else None
 
     def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """Rotate queries or keys by their positions.
@@ -192,14 +254,19 @@ class RotaryEmbedding(nn.Module):
         else:
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
                 raise ValueError(f"offset must be a non-negative int, got {offset!r}")
-            if x.dtype == torch.float64:
+            length = self._scaled_length(offset + T)
+            if x.dtype == torch.float64 or length is not None:
                 pos = torch.arange(offset, offset + T, device=x.device)  # (T,)
-                cos, sin = rotary_cos_sin(pos, self.d_head, self.base, torch.float64)
+                cos, sin = self._cos_sin(pos, _angle_dtype(x.dtype), length)  # (T, d) each
             else:
-                cos, sin = self._tables(offset, T, x.device)  # (T, D) each
+                cos, sin = self._tables(offset, T, x.device)  # (T, d) each
         # Multiply in the angle precision, then round once to x's dtype.
+        r = self.rotary_dim
         work = x.to(cos.dtype)
-        return apply_rotary(work, cos, sin).to(x.dtype)  # (B, H, T, D)
+        if r == self.d_head:
+            return apply_rotary(work, cos, sin).to(x.dtype)  # (B, H, T, D)
+        turned = apply_rotary(work[..., :r], cos, sin)  # (B, H, T, d)
+        return torch.cat((turned, work[..., r:]), dim=-1).to(x.dtype)  # (B, H, T, D)
 
     def _from_positions(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         if not isinstance(positions, Tensor) or positions.is_floating_point() or (
@@ -215,11 +282,19 @@ class RotaryEmbedding(nn.Module):
                 f"positions must have shape (T,) or (B, T) matching x {tuple(x.shape)} "
                 f"(B, H, T, D), got {tuple(positions.shape)}"
             )
-        work = _angle_dtype(x.dtype)
-        cos, sin = rotary_cos_sin(positions, self.d_head, self.base, work, x.device)
+        length = None
+        if self.scaling is not None and self.scaling.depends_on_length() and positions.numel():
+            length = self._scaled_length(int(positions.max()) + 1)
+        cos, sin = self._cos_sin(positions, _angle_dtype(x.dtype), length, x.device)
         if positions.dim() == 2:
-            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D): shared by every head
+            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d): shared by every head
         return cos, sin
 
     def extra_repr(self) -> str:
-        return f"d_head={self.d_head}, base={self.base:g}, max_len={self.cos_cached.shape[0]}"
+        parts = [f"d_head={self.d_head}", f"base={self.base:g}",
+                 f"max_len={self.cos_cached.shape[0]}"]  # fmt: skip
+        if self.rotary_dim != self.d_head:
+            parts.append(f"rotary_dim={self.rotary_dim}")
+        if self.scaling is not None:
+            parts.append(f"scaling={self.scaling.kind!r}")
+        return ", ".join(parts)

@@ -4,7 +4,11 @@
 
     "bert"   -> Encoder     (hf_bert)     sentence-transformers files read when present
     "gpt2"   -> DecoderLM   (hf_gpt2)
-    "llama"  -> DecoderLM   (hf_llama)
+    "llama"  -> DecoderLM   (hf_llama)     RoPE scaling, attention biases
+    "mistral", "qwen2", "qwen3", "gemma2", "phi3"
+             -> DecoderLM   (hf_decoders)  Llama plus generic options
+    "bart", "t5", "marian"
+             -> Seq2SeqTransformer (hf_seq2seq)
 
 The tokenizer is ``tokenizer.json`` when there is one; otherwise it is rebuilt from the older
 files (``vocab.txt`` for WordPiece; ``vocab.json`` + ``merges.txt`` for byte-level BPE); a folder
@@ -34,6 +38,7 @@ from qkv.pretrained.bundle import DecoderBundle, EncoderBundle
 from qkv.pretrained.errors import require
 from qkv.pretrained.hf_bert import bert_config, bert_entries, bert_ignored
 from qkv.pretrained.hf_common import open_weights
+from qkv.pretrained.hf_decoders import HF_DECODERS
 from qkv.pretrained.hf_gpt2 import gpt2_config, gpt2_entries, gpt2_ignored
 from qkv.pretrained.hf_llama import HF_LLAMA_NAMES, llama_config, llama_entries, llama_ignored
 from qkv.pretrained.tokenizer import PretrainedTokenizer
@@ -41,7 +46,8 @@ from qkv.pretrained.weights import Entry, check_entries, load_entries, skip_init
 
 __all__ = ["MODEL_TYPES", "load_hf_folder", "tokenizer_from_folder"]
 
-MODEL_TYPES = ("bert", "gpt2", "llama")
+SEQ2SEQ_TYPES = ("bart", "t5", "marian")  # loaded by qkv.pretrained.hf_seq2seq
+MODEL_TYPES = ("bert", "gpt2", "llama", *HF_DECODERS, *SEQ2SEQ_TYPES)
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "cls_token", "sep_token",
                  "mask_token")  # fmt: skip
 
@@ -186,6 +192,8 @@ _FAMILIES = {
     "bert": _Family(Encoder, bert_entries, lambda c: bert_ignored),
     "gpt2": _Family(DecoderLM, gpt2_entries, gpt2_ignored),
     "llama": _Family(DecoderLM, lambda c, names: llama_entries(c, HF_LLAMA_NAMES), llama_ignored),
+    **{kind: _Family(DecoderLM, lambda c, names, f=family: f.entries(c), family.ignored)
+       for kind, family in HF_DECODERS.items()},
 }
 
 
@@ -199,11 +207,14 @@ def _config(kind: str, hf: dict[str, Any], folder: Path, config_file: Path) -> t
             return bert_config(hf, where=where, pooling=extras[0]), extras
         if kind == "gpt2":
             return gpt2_config(hf, where=where), extras
+        if kind in HF_DECODERS:
+            return HF_DECODERS[kind].config(hf, where=where), extras
         return llama_config(hf, where=where), extras
 
 
-def load_hf_folder(folder: str | Path, *, name: str | None = None) -> EncoderBundle | DecoderBundle:
-    """Load a Hugging Face-format folder (BERT, GPT-2 or Llama family) into a bundle.
+def load_hf_folder(folder: str | Path, *, name: str | None = None) -> Any:
+    """Load a Hugging Face-format folder (BERT, GPT-2, the Llama-like decoders, or an
+    encoder-decoder: BART, T5, Marian) into a bundle.
 
     ``config.json`` is checked against the weights' header (names and shapes) before the model
     is built (see :mod:`qkv.checkpoint.backing`), and the weights are checked finite once read.
@@ -213,8 +224,9 @@ def load_hf_folder(folder: str | Path, *, name: str | None = None) -> EncoderBun
         name: the name to show (default: the folder).
 
     Returns:
-        An :class:`EncoderBundle` (BERT) or :class:`DecoderBundle` (GPT-2, Llama), model in
-        eval mode, float32.
+        An :class:`EncoderBundle` (BERT), a :class:`DecoderBundle` (GPT-2, Llama, Mistral,
+        Qwen2, Qwen3, Gemma 2, Phi-3) or the encoder-decoder bundle of
+        :func:`qkv.pretrained.hf_seq2seq.load_hf_seq2seq_folder`; model in eval mode, float32.
 
     Raises:
         qkv.data.files.MissingFileError (a FileNotFoundError): no ``config.json`` or no
@@ -228,6 +240,10 @@ def load_hf_folder(folder: str | Path, *, name: str | None = None) -> EncoderBun
     config_file = folder / "config.json"
     hf = read_json(config_file, what="config.json")
     kind = hf.get("model_type")
+    if kind in SEQ2SEQ_TYPES:
+        from qkv.pretrained.hf_seq2seq import load_hf_seq2seq_folder
+
+        return load_hf_seq2seq_folder(folder, hf, name=name)
     if not isinstance(kind, str) or kind not in MODEL_TYPES:
         raise BadFileError(
             f"{config_file}: config.json model_type={kind!r} is not supported; known: "
