@@ -117,6 +117,13 @@ HOSTILE = [
     (["chat", "--model", MARKUP], [MARKUP]),
     (["chat", "-n", "0"], ["--max-new-tokens"]),
     (["chat", "--top-p", "2"], ["--top-p"]),
+    # transcribe
+    (["transcribe", "--model", MARKUP, "FILE"], [MARKUP]),
+    (["transcribe", "FILE"], ["a-file.txt", "cannot decode audio"]),
+    (["transcribe", "UNDER"], ["sub", "does not exist"]),
+    (["transcribe", "FILE", "--beam-size", "0"], ["--beam-size"]),
+    (["transcribe", "FILE", "--align", "UNDER"], ["--align", "is a file, not a folder"]),
+    (["transcribe"], ["files"]),
     # embed
     (["embed", "--model", MARKUP, "x"], [MARKUP]),
     (["embed", "--batch-size", "0", "x"], ["--batch-size"]),

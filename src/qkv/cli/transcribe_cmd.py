@@ -1,0 +1,102 @@
+"""``qkv transcribe FILE...``: speech to text with Whisper tiny.en (or any CTranslate2 Whisper
+folder), offline.
+
+Each file is read at its own sample rate, resampled to 16 kHz and decoded 30 s window by
+window (:meth:`qkv.pretrained.whisper.SpeechBundle.transcribe`). On a terminal the words appear
+as they are decoded (greedy); piped, each file's text is printed once. ``--align PNG`` draws
+the cross-attention alignment of the tokens against audio time (first 30 s window).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from qkv.cli.common import check_out_folder, status
+
+__all__ = ["align_path", "command"]
+
+NAME = "transcribe"
+
+
+def align_path(path: Path, audio: Path, several: bool) -> Path:
+    """The PNG for ``audio``: ``path`` itself, or ``<stem>-<audio stem>.png`` with several files."""
+    return path.with_name(f"{path.stem}-{audio.stem}{path.suffix or '.png'}") if several else path
+
+
+def _align(bundle, audio: Path, png: Path) -> Path:
+    """Greedy tokens of the first window, teacher-forced under capture, drawn against time."""
+    from qkv.inspect.alignment import cross_attention_alignment, plot_time_alignment
+    from qkv.pretrained import audio as audio_mod
+
+    samples = audio_mod.waveform(audio)
+    features = bundle.features(samples)[:1]  # (1, n_mels, 3000)
+    output = bundle.tokens(features)[0]
+    tokens = [*bundle.prompt, *output]
+    heads = bundle.alignment_heads or None
+    matrix = cross_attention_alignment(bundle.model, features, tokens, heads)  # (T, S)
+    labels = [bundle.tokenizer.decode([t]) for t in tokens]
+    seconds = min(samples.shape[0] / audio_mod.SAMPLE_RATE, audio_mod.WINDOW_SECONDS)
+    return plot_time_alignment(matrix, png, tokens=labels, duration=seconds,
+                               seconds_per_frame=audio_mod.FRAME_SECONDS,
+                               title=f"{audio.name}: cross-attention, "
+                                     f"{len(heads or [])} alignment heads averaged")  # fmt: skip
+
+
+def command(
+    files: Annotated[list[Path], typer.Argument(help="Audio files (WAV, FLAC, OGG; any rate).")],
+    model: Annotated[str, typer.Option(
+        "--model", "-m", help="Packaged name or CTranslate2 Whisper folder.",
+    )] = "whisper-tiny.en",
+    beam_size: Annotated[int | None, typer.Option(
+        "--beam-size", min=1, help="Beam search with this many beams (default: greedy).",
+    )] = None,
+    align: Annotated[Path | None, typer.Option(
+        "--align", help="Write the cross-attention alignment (tokens x seconds) to this PNG.",
+    )] = None,
+) -> None:
+    """Transcribe speech to text, offline, with Whisper on qkv's attention.
+
+    [bold]Example:[/bold] espeak-ng -w hello.wav "Hello world" && qkv transcribe hello.wav
+    --align hello.png
+    """
+    from qkv import pretrained
+    from qkv.pretrained.whisper import SpeechBundle
+
+    console = Console(highlight=False, soft_wrap=True)
+    stderr = Console(stderr=True, highlight=False)
+    for file in files:
+        if not file.is_file():
+            what = "is a folder" if file.is_dir() else "does not exist"
+            raise FileNotFoundError(f"FILE {file} {what} (expected an audio file)")
+    if align is not None:  # refused now, not after the transcription
+        if align.is_dir():
+            raise ValueError(f"--align {align} is a folder; expected a .png file path")
+        check_out_folder(align.parent, "--align")
+    # Expected failures (ValueError, OSError, ...) become one line in common.guard.
+    with status(stderr, f"loading {model} ..."):
+        bundle = pretrained.load(model)
+    if not isinstance(bundle, SpeechBundle):
+        raise ValueError(f"--model {model!r} is not a speech model (expected a Whisper folder)")
+    several = len(files) > 1
+    for file in files:
+        prefix = f"{escape(str(file))}: " if several else ""
+        if console.is_terminal and beam_size is None:
+            console.print(prefix, end="")
+            for piece in bundle.stream(file):
+                console.print(escape(piece), end="")
+                sys.stdout.flush()
+            console.print()
+        else:
+            with status(stderr, f"transcribing {file} ..."):
+                text = bundle.transcribe(file, beam_size=beam_size)
+            console.print(prefix + escape(text))
+        if align is not None:
+            with status(stderr, "drawing the alignment ..."):
+                written = _align(bundle, file, align_path(align, file, several))
+            stderr.print(f"alignment: {escape(str(written))}")

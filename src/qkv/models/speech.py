@@ -1,0 +1,287 @@
+"""Speech encoder-decoder: log-mel spectrogram in, text tokens out (Whisper's architecture).
+
+    h      = gelu(conv2(gelu(conv1(features))))     (B, n_mels, F) -> (B, E, S), S = ceil(F/2)
+    memory = encoder_norm(encoder(hᵀ + PE_sin))      bidirectional self-attention, (B, S, E)
+    logits = decoder_norm(decoder(embed(tokens) + PE_learned, memory)) · embedᵀ
+                                                     causal self-attention, cross-attention
+
+(Radford et al., 2022, "Robust Speech Recognition via Large-Scale Weak Supervision", Fig. 1.)
+The front-end is two 1-D convolutions of width 3 over time, the second with stride 2, so an
+encoder frame covers 2 spectrogram frames: with a 10 ms hop, 20 ms of audio. The encoder's
+positions are a fixed sinusoidal table laid out as ``[sin | cos]`` halves
+(:func:`speech_sinusoids`); the decoder's are learned. Blocks are qkv's own
+:class:`~qkv.nn.TransformerBlock` (pre-norm, GELU feed-forward, key projections without bias
+by default: ``k_bias``); each stack ends with a LayerNorm; the output projection is the token
+embedding's transpose (tied), without bias.
+
+Every frame is real (a 30 s window is padded with silence, not masked), so no mask is needed;
+the decoder's self-attention is causal, its cross-attention sees every frame.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from qkv.models.config import ConfigBase
+from qkv.models.parts import ModelBase, check_cache, check_ids, check_length
+from qkv.nn.block import TransformerBlock
+from qkv.nn.cache import KVCache
+from qkv.nn.feedforward import ACTIVATIONS as FFN_ACTIVATIONS
+from qkv.nn.norms import make_norm
+from qkv.nn.positions import LearnedPositionalEmbedding
+
+__all__ = ["SpeechSeq2Seq", "SpeechSeq2SeqConfig", "speech_sinusoids"]
+
+
+def speech_sinusoids(length: int, d_model: int, max_timescale: float = 10000.0) -> Tensor:
+    """Whisper's sinusoidal table ``(length, E)``: sines in the first ``E/2`` columns, cosines
+    in the rest, with timescales ``max_timescale^(i / (E/2 - 1))`` for ``i = 0 .. E/2 - 1``
+    (so the last column pair has exactly ``max_timescale``; Vaswani et al.'s table interleaves
+    the pairs and divides by ``E`` instead). Computed in float64, returned as float32.
+
+    Raises:
+        ValueError: ``length < 1`` or ``d_model`` not an even int >= 4.
+    """
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"length must be a positive int, got {length!r}")
+    if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 4 or d_model % 2:
+        raise ValueError(f"d_model must be an even int >= 4, got {d_model!r}")
+    half = d_model // 2
+    increment = math.log(max_timescale) / (half - 1)
+    inv = torch.exp(-increment * torch.arange(half, dtype=torch.float64))  # (E/2,)
+    angles = torch.arange(length, dtype=torch.float64)[:, None] * inv[None, :]  # (L, E/2)
+    return torch.cat([angles.sin(), angles.cos()], dim=1).float()  # (L, E)
+
+
+@dataclass(frozen=True)
+class SpeechSeq2SeqConfig(ConfigBase):
+    """Configuration of a :class:`SpeechSeq2Seq` (defaults: Whisper tiny.en).
+
+    Attributes:
+        vocab_size: ``V``, the decoder's tokens.
+        n_mels: mel bins of the input spectrogram (80; 128 for Whisper large-v3).
+        d_model: model width ``E``; a multiple of ``num_heads``.
+        num_heads: attention heads ``H`` (every attention).
+        num_encoder_layers, num_decoder_layers: blocks in each stack.
+        d_ff: feed-forward hidden width.
+        max_source_len: encoder frames there are positions for (1500 = 30 s at 20 ms a frame);
+            the input may have up to ``2 * max_source_len`` spectrogram frames.
+        max_len: decoder tokens there are learned positions for (448).
+        activation: the feed-forward's and the front-end's activation (``"gelu"``).
+        k_bias: whether the key projections have a bias (Whisper's have none: softmax is
+            invariant to a bias added to every key's score alike, so it would be redundant;
+            passed to :class:`~qkv.nn.TransformerBlock` as ``k_bias``).
+        norm_eps: LayerNorm epsilon.
+        dropout: on attention weights, feed-forward hidden and residual branches.
+        pad_id, bos_id, eos_id: special ids (Whisper: ``<|endoftext|>`` pads and ends,
+            ``<|startoftranscript|>`` starts).
+    """
+
+    vocab_size: int = 51864
+    n_mels: int = 80
+    d_model: int = 384
+    num_heads: int = 6
+    num_encoder_layers: int = 4
+    num_decoder_layers: int = 4
+    d_ff: int = 1536
+    max_source_len: int = 1500
+    max_len: int = 448
+    activation: str = "gelu"
+    k_bias: bool = False
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    pad_id: int | None = 50256
+    bos_id: int | None = 50257
+    eos_id: int | None = 50256
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_mels", "d_model", "num_heads", "num_encoder_layers",
+                     "num_decoder_layers", "d_ff", "max_source_len", "max_len"):
+            self._int(name)
+        self._heads(self.d_model, self.num_heads)
+        if self.d_model % 2 or self.d_model < 4:
+            self._fail("d_model", "an even int >= 4 (the sinusoidal table has sin|cos halves)",
+                       self.d_model)  # fmt: skip
+        self._choice("activation", tuple(FFN_ACTIVATIONS))
+        self._flag("k_bias")
+        self._float("norm_eps", low=0.0)
+        self._float("dropout", low=0.0, high=1.0)
+        for name in ("pad_id", "bos_id", "eos_id"):
+            self._token(name, self.vocab_size)
+
+
+class SpeechSeq2Seq(ModelBase):
+    """Speech encoder-decoder: ``forward(features, tokens) -> logits``, plus ``encode`` and an
+    incremental ``decode`` with a KV cache.
+
+    Args:
+        config: a :class:`SpeechSeq2SeqConfig`.
+
+    Submodules: ``conv1`` (``Conv1d(n_mels, E, 3, padding=1)``), ``conv2`` (``Conv1d(E, E, 3,
+    stride=2, padding=1)``), ``act`` (the front-end's activation), buffer ``encoder_pos``
+    ``(max_source_len, E)`` (:func:`speech_sinusoids`; saved, so a loader can bring the
+    checkpoint's own table), ``encoder_blocks`` / ``decoder_blocks`` (``nn.ModuleList`` of
+    pre-norm :class:`~qkv.nn.TransformerBlock`, decoder blocks with ``cross_attn``),
+    ``encoder_norm``, ``tgt_embed`` (``nn.Embedding(V, E)``), ``tgt_pos``
+    (:class:`~qkv.nn.positions.LearnedPositionalEmbedding` ``(max_len, E)``), ``decoder_norm``,
+    ``lm_head`` (``Linear(E, V, bias=False)``, its weight *is* ``tgt_embed.weight``).
+
+    Raises:
+        TypeError: ``config`` is not a :class:`SpeechSeq2SeqConfig`.
+    """
+
+    encoder_pos: Tensor
+    # Its encoder reads features, not ids: qkv.generate decodes it from EncodedInputs only.
+    encodes_tokens = False
+
+    def __init__(self, config: SpeechSeq2SeqConfig) -> None:
+        super().__init__()
+        if not isinstance(config, SpeechSeq2SeqConfig):
+            raise TypeError(f"config must be a SpeechSeq2SeqConfig, got {type(config).__name__}")
+        self.config = c = config
+        self.conv1 = nn.Conv1d(c.n_mels, c.d_model, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(c.d_model, c.d_model, kernel_size=3, stride=2, padding=1)
+        self.act = FFN_ACTIVATIONS[c.activation]()
+        self.register_buffer("encoder_pos", speech_sinusoids(c.max_source_len, c.d_model))
+        block = {"d_model": c.d_model, "num_heads": c.num_heads, "d_ff": c.d_ff,
+                 "dropout": c.dropout, "activation": c.activation, "norm": "pre",
+                 "norm_eps": c.norm_eps, "k_bias": c.k_bias}
+        self.encoder_blocks = nn.ModuleList(
+            TransformerBlock(**block) for _ in range(c.num_encoder_layers)
+        )
+        self.encoder_norm = make_norm("layernorm", c.d_model, eps=c.norm_eps)
+        self.tgt_embed = nn.Embedding(c.vocab_size, c.d_model)
+        self.tgt_pos = LearnedPositionalEmbedding(c.max_len, c.d_model)
+        self.drop = nn.Dropout(c.dropout)
+        self.decoder_blocks = nn.ModuleList(
+            TransformerBlock(**block, cross_attention=True) for _ in range(c.num_decoder_layers)
+        )
+        self.decoder_norm = make_norm("layernorm", c.d_model, eps=c.norm_eps)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.lm_head.weight = self.tgt_embed.weight
+
+    def new_cache(self, max_len: int | None = None) -> KVCache:
+        """An empty cache for :meth:`decode`, one layer per decoder block (``max_len``:
+        preallocate room for that many tokens)."""
+        return KVCache(self.config.num_decoder_layers, max_len=max_len)
+
+    def _check_features(self, features: object) -> Tensor:
+        c = self.config
+        if not isinstance(features, Tensor):
+            raise TypeError(f"features must be a torch.Tensor (B, n_mels, F), got "
+                            f"{type(features).__name__}")  # fmt: skip
+        if features.dim() != 3 or features.shape[1] != c.n_mels or features.shape[2] < 1:
+            raise ValueError(f"features must have shape (B, n_mels={c.n_mels}, F) with F >= 1 "
+                             f"log-mel frames, got {tuple(features.shape)}")  # fmt: skip
+        if features.shape[2] > 2 * c.max_source_len:
+            raise ValueError(
+                f"features has F={features.shape[2]} frames; the encoder has positions for "
+                f"{2 * c.max_source_len} (max_source_len={c.max_source_len} after the stride-2 "
+                "convolution); split longer audio into windows"
+            )
+        weight = self.conv1.weight
+        if features.device != weight.device:
+            raise ValueError(f"features must be on the model's device {weight.device}, got "
+                             f"{features.device}")  # fmt: skip
+        if features.dtype != weight.dtype and not torch.is_autocast_enabled(weight.device.type):
+            raise TypeError(f"features must have the parameters' dtype {weight.dtype}, got "
+                            f"{features.dtype}")  # fmt: skip
+        if not bool(torch.isfinite(features).all()):
+            raise ValueError("features holds NaN or infinite values")
+        return features
+
+    def encode(self, features: Tensor) -> Tensor:
+        """Encode a log-mel spectrogram into the memory the decoder attends to.
+
+        Args:
+            features: ``(B, n_mels, F)`` log-mel frames (``F = 3000`` for a 30 s window).
+
+        Returns:
+            memory ``(B, S, E)`` with ``S = ceil(F / 2)``.
+
+        Raises:
+            TypeError, ValueError: ``features`` of the wrong type, shape, dtype or device,
+                longer than ``2 * max_source_len`` frames, or not finite.
+        """
+        x = self._check_features(features)
+        x = self.act(self.conv2(self.act(self.conv1(x))))  # (B, E, S)
+        x = x.transpose(1, 2)  # (B, S, E)
+        x = self.drop(x + self.encoder_pos[: x.shape[1]].to(x.dtype))  # (B, S, E)
+        for block in self.encoder_blocks:
+            x = block(x)  # (B, S, E)
+        return self.encoder_norm(x)
+
+    def _check_memory(self, memory: object, B: int) -> Tensor:
+        c, weight = self.config, self.lm_head.weight
+        if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.shape[2] != c.d_model:
+            got = tuple(memory.shape) if isinstance(memory, Tensor) else type(memory).__name__
+            raise ValueError(f"memory must have shape (B, S, E={c.d_model}), got {got}")
+        if memory.shape[0] != B:
+            raise ValueError(f"memory must have the tokens' batch size B={B}, got memory of "
+                             f"shape {tuple(memory.shape)}")  # fmt: skip
+        if memory.device != weight.device:
+            raise ValueError(f"memory must be on the model's device {weight.device}, got "
+                             f"{memory.device}")  # fmt: skip
+        if memory.dtype != weight.dtype and not torch.is_autocast_enabled(weight.device.type):
+            raise TypeError(f"memory must have the parameters' dtype {weight.dtype} (the "
+                            f"output of encode), got {memory.dtype}")  # fmt: skip
+        return memory
+
+    def decode(
+        self, tokens: Tensor, memory: Tensor, memory_mask: Tensor | None = None, *,
+        cache: KVCache | None = None,
+    ) -> Tensor:  # fmt: skip
+        """Token logits given the memory; incremental with a cache.
+
+        Args:
+            tokens: ``(B, T)`` token ids (the decoder prompt, then the tokens chosen so far).
+            memory: ``(B, S, E)`` from :meth:`encode`.
+            memory_mask: cross-attention keep mask broadcastable to ``(B, H, T, S)``, or None
+                (every frame is seen; what Whisper does).
+            cache: from :meth:`new_cache`: new tokens follow the cached ones (positions and
+                the causal mask shift by ``cache.length``); the cross-attention keys/values
+                are projected from ``memory`` once, at the first call, and reused.
+
+        Returns:
+            ``(B, T, V)`` logits, equal to decoding the whole prefix at once.
+
+        Raises:
+            TypeError, ValueError: bad ids, a memory that is not ``(B, S, E)`` with the
+                tokens' ``B`` (parameters' dtype and device), a cache of another layer count,
+                tokens beyond ``max_len`` positions.
+        """
+        c = self.config
+        B, T = check_ids("tokens", tokens, c.vocab_size).shape
+        if tokens.device != self.lm_head.weight.device:
+            raise ValueError(f"tokens must be on the model's device {self.lm_head.weight.device}"
+                             f", got {tokens.device}")  # fmt: skip
+        self._check_memory(memory, B)
+        cache = check_cache(cache, c.num_decoder_layers)
+        offset = 0 if cache is None else cache.length
+        check_length("tokens", T, offset, c.max_len)
+        y = self.drop(self.tgt_pos(self.tgt_embed(tokens), offset))  # (B, T, E)
+        for i, block in enumerate(self.decoder_blocks):
+            y = block(y, memory, is_causal=T > 1, context_mask=memory_mask,
+                      cache=None if cache is None else cache[i])  # (B, T, E)  # fmt: skip
+        return self.lm_head(self.decoder_norm(y))  # (B, T, V)
+
+    def forward(self, features: Tensor, tokens: Tensor) -> Tensor:
+        """Teacher-forced logits.
+
+        Args:
+            features: ``(B, n_mels, F)`` log-mel frames.
+            tokens: ``(B, T)`` decoder input ids.
+
+        Returns:
+            ``(B, T, V)`` logits.
+
+        Raises:
+            TypeError, ValueError: as :meth:`encode` and :meth:`decode` (a batch size that
+                differs between ``features`` and ``tokens`` is named by ``decode``).
+        """
+        return self.decode(tokens, self.encode(features))
+
