@@ -190,3 +190,17 @@ def test_decomposition_refuses_post_norm_and_training():
     _, cache = qi.run_with_cache(gpt2(), ids(), names="blocks.*.hook_resid_*")
     with pytest.raises(KeyError, match="hook_out"):
         cache.decompose_resid()
+
+
+def test_sandwich_norm_splits_by_layer_not_by_head():
+    from qkv.models import DecoderLM, DecoderLMConfig
+
+    torch.manual_seed(0)
+    model = DecoderLM(DecoderLMConfig(vocab_size=50, d_model=32, num_layers=2, num_heads=4,
+                                      norm_kind="rmsnorm", sandwich_norm=True)).eval()
+    _, cache = qi.run_with_cache(model, torch.randint(0, 50, (2, 7)))
+    with pytest.raises(ValueError, match="sandwich_norm"):
+        cache.decompose_resid()
+    parts = cache.decompose_resid(heads=False)
+    err = (parts.total() - parts.stream).abs().max().item()
+    assert err < 1e-5, f"layer terms of a sandwich-norm model miss the stream by {err:.2e}"

@@ -103,7 +103,8 @@ def decompose_resid(cache, layer: int | None = None, *, heads: bool = True,
         a :class:`ResidComponents` whose components sum to the stream.
 
     Raises:
-        ValueError: post-norm blocks, a cache recorded in training mode, ``layer`` out of range.
+        ValueError: post-norm blocks, per-head terms of a block with ``sandwich_norm``, a cache
+            recorded in training mode, ``layer`` out of range.
         KeyError: a needed hook point is not in the cache (its name is given).
     """
     s, L = cache.default_stack(stack), cache.num_layers(stack)
@@ -123,6 +124,11 @@ def decompose_resid(cache, layer: int | None = None, *, heads: bool = True,
             raise ValueError(
                 f"{s}.{l} is a post-norm block: its output is normalised after each residual "
                 "sum, so the stream is not a sum of components (use a norm='pre' model)"
+            )
+        if heads and getattr(block, "attn_out_norm", None) is not None:
+            raise ValueError(
+                f"{s}.{l} normalises its attention output (sandwich_norm, Gemma 2), so the "
+                "output is not a sum of per-head terms: use heads=False"
             )
         p = f"{s}.{l}"
         t, names = _attention_terms(cache, f"{p}.self_attn", block.self_attn, heads,
