@@ -127,3 +127,16 @@ def test_lens_and_attribution_plots(tmp_path):
     with pytest.raises(ValueError, match="col_ticks must have 2 labels"):
         qi.plot_heatmap(torch.ones(2, 2), tmp_path / "x.png", col_ticks=["a"])
     assert not (tmp_path / "x.png").exists()
+
+
+def test_logit_lens_last_row_is_the_soft_capped_logits():
+    from qkv.models import DecoderLM, DecoderLMConfig
+
+    torch.manual_seed(0)
+    model = DecoderLM(DecoderLMConfig(vocab_size=40, d_model=32, num_layers=2, num_heads=4,
+                                      logit_softcap=0.5)).eval()
+    logits, cache = qi.run_with_cache(model, torch.randint(0, 40, (2, 6)))
+    lens = qi.logit_lens(cache)
+    err = (lens.logits[-1] - logits).abs().max().item()
+    assert err < 1e-5, f"lens' last row vs the soft-capped logits: {err:.2e}"
+    assert lens.logits.abs().max() <= 0.5

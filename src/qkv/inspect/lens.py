@@ -95,14 +95,21 @@ def logit_lens(cache, *, stack: str | None = None, norm: object = "auto",
         stack: the block stack (default: the one feeding the output).
         norm, unembed: override the final norm (None: none) and the unembedding.
 
+    A model whose config has ``logit_softcap`` gets its logits soft-capped the same way, so the
+    last row equals the model's logits.
+
     Returns:
         a :class:`LogitLens` with logits ``(L+1, B, T, V)``.
     """
     s = cache.default_stack(stack)
     norm, unembed = readout(cache.model, s, norm, unembed)
+    cap = getattr(getattr(cache.model, "config", None), "logit_softcap", None)
     with torch.no_grad():
         resid = cache.accumulated_resid(s)  # (L+1, B, T, E)
-        return LogitLens(unembed(resid if norm is None else norm(resid)))  # (L+1, B, T, V)
+        logits = unembed(resid if norm is None else norm(resid))  # (L+1, B, T, V)
+        if cap is not None:  # the model's own soft-capping of its logits (Gemma 2)
+            logits = cap * torch.tanh(logits / cap)
+        return LogitLens(logits)
 
 
 @dataclass(frozen=True)
