@@ -88,7 +88,8 @@ class EncoderConfig(ConfigBase):
         self._float("norm_eps", low=0.0)
         self._choice("norm", NORM_PLACEMENTS)
         self._choice("activation", ACTIVATIONS)
-        self._choice("positions", POSITIONS)
+        # T5's relative bias ("relative") is built for encoder-decoders (Seq2SeqTransformer).
+        self._choice("positions", tuple(p for p in POSITIONS if p != "relative"))
         self._choice("pooling", POOLINGS)
         self._rope_even(self.positions, self.d_model // self.num_heads)
         self._token("pad_id", self.vocab_size)

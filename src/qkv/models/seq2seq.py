@@ -13,18 +13,22 @@ Masks: the source padding mask ``(B, 1, 1, S)`` (True = real token) hides padded
 positions from the encoder's self-attention and from every cross-attention. The decoder needs
 no target padding mask: target padding sits after the real tokens, which the causal mask hides
 from them; the loss ignores padded positions.
+
+Pretrained encoder-decoders differ from the paper by options of :class:`Seq2SeqConfig`, never
+by model type: the embedding scale, a position offset and layout, a norm on the embeddings,
+RMSNorm and no biases, relative position biases computed once per stack (a ``(1, H, T, S)``
+float mask every block of the stack adds to its self-attention scores), the attention scale,
+and a scale and bias at the output.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from qkv.attention import masks
-from qkv.models.config import ACTIVATIONS, NORM_PLACEMENTS, POSITIONS, ConfigBase
 from qkv.models.parts import (
     ModelBase,
     add_positions,
@@ -32,77 +36,14 @@ from qkv.models.parts import (
     check_ids,
     check_length,
     init_xavier,
-    make_positions,
 )
+from qkv.models.seq2seq_config import Seq2SeqConfig
+from qkv.models.seq2seq_positions import stack_positions
 from qkv.nn.block import TransformerBlock
 from qkv.nn.cache import KVCache
 from qkv.nn.norms import make_norm
 
 __all__ = ["Seq2SeqConfig", "Seq2SeqTransformer"]
-
-
-@dataclass(frozen=True)
-class Seq2SeqConfig(ConfigBase):
-    """Configuration of a :class:`Seq2SeqTransformer`.
-
-    Attributes:
-        src_vocab_size, tgt_vocab_size: source and target vocabularies.
-        d_model: model width ``E``; must be a multiple of ``num_heads``.
-        num_heads: attention heads ``H`` (self- and cross-attention).
-        num_encoder_layers, num_decoder_layers: blocks in each stack.
-        d_ff: feed-forward hidden width.
-        dropout: on embeddings, attention weights, feed-forward hidden and residual branches.
-        max_len: longest sequence (a hard limit only for learned positions).
-        norm: ``"post"`` (the paper) or ``"pre"`` (then each stack ends with a LayerNorm).
-        activation: feed-forward kind (``"relu"`` in the paper).
-        positions: ``"sinusoidal"`` (the paper), ``"learned"``, ``"rope"``, ``"alibi"``, None;
-            for RoPE and ALiBi only the self-attentions see positions.
-        tie_embeddings: the output projection's weight is the target embedding's.
-        share_embeddings: one embedding for source and target (needs equal vocabularies).
-        pad_id, bos_id, eos_id: special ids, valid in both vocabularies; ``pad_id`` builds the
-            source padding mask (None: no padding).
-        norm_eps: LayerNorm epsilon.
-    """
-
-    src_vocab_size: int
-    tgt_vocab_size: int
-    d_model: int = 128
-    num_heads: int = 4
-    num_encoder_layers: int = 2
-    num_decoder_layers: int = 2
-    d_ff: int = 512
-    dropout: float = 0.1
-    max_len: int = 512
-    norm: str = "post"
-    activation: str = "relu"
-    positions: str | None = "sinusoidal"
-    tie_embeddings: bool = False
-    share_embeddings: bool = False
-    pad_id: int | None = 0
-    bos_id: int | None = 1
-    eos_id: int | None = 2
-    norm_eps: float = 1e-5
-
-    def __post_init__(self) -> None:
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads",
-                     "num_encoder_layers", "num_decoder_layers", "d_ff", "max_len"):
-            self._int(name)
-        self._heads(self.d_model, self.num_heads)
-        self._float("dropout", low=0.0, high=1.0)
-        self._float("norm_eps", low=0.0)
-        self._choice("norm", NORM_PLACEMENTS)
-        self._choice("activation", ACTIVATIONS)
-        self._choice("positions", POSITIONS)
-        self._rope_even(self.positions, self.d_model // self.num_heads)
-        for name in ("tie_embeddings", "share_embeddings"):
-            self._flag(name)
-        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
-            raise ValueError(
-                "Seq2SeqConfig.share_embeddings=True needs src_vocab_size == tgt_vocab_size, "
-                f"got {self.src_vocab_size} and {self.tgt_vocab_size}"
-            )
-        for name in ("pad_id", "bos_id", "eos_id"):
-            self._token(name, min(self.src_vocab_size, self.tgt_vocab_size))
 
 
 class Seq2SeqTransformer(ModelBase):
@@ -114,10 +55,13 @@ class Seq2SeqTransformer(ModelBase):
 
     Submodules: ``src_embed``, ``tgt_embed`` (``nn.Embedding``; the same module when
     ``share_embeddings``), ``src_pos``, ``tgt_pos`` (positions added to the embeddings, or
-    None for RoPE/ALiBi/no positions), ``drop``, ``encoder_blocks``, ``decoder_blocks``
-    (``nn.ModuleList`` of :class:`~qkv.nn.TransformerBlock`; decoder blocks have
-    ``cross_attn``), ``encoder_norm``, ``decoder_norm`` (final LayerNorms, pre-norm only, else
-    None), ``lm_head`` (``nn.Linear(E, V_tgt)``; weight tied to ``tgt_embed`` when
+    None for RoPE/ALiBi/relative/no positions), ``src_rel_bias``, ``tgt_rel_bias``
+    (:class:`~qkv.nn.relative_bias.RelativePositionBias` with ``positions="relative"``, else
+    None), ``src_embed_norm``, ``tgt_embed_norm`` (``embed_norm`` only, else None), ``drop``,
+    ``encoder_blocks``, ``decoder_blocks`` (``nn.ModuleList`` of
+    :class:`~qkv.nn.TransformerBlock`; decoder blocks have ``cross_attn``), ``encoder_norm``,
+    ``decoder_norm`` (final norms, pre-norm only, else None), ``lm_head`` (``nn.Linear(E,
+    V_tgt)``, bias when ``output_bias``; weight tied to ``tgt_embed`` when
     ``tie_embeddings``). Matrices are initialised Xavier-uniform.
 
     Raises:
@@ -129,21 +73,24 @@ class Seq2SeqTransformer(ModelBase):
         if not isinstance(config, Seq2SeqConfig):
             raise TypeError(f"config must be a Seq2SeqConfig, got {type(config).__name__}")
         self.config = c = config
-        self.embed_scale = math.sqrt(c.d_model)
-        geometry = {"d_model": c.d_model, "d_head": c.d_model // c.num_heads,
-                    "max_len": c.max_len}
-        src_parts = make_positions(c.positions, symmetric=True, **geometry)
-        tgt_parts = make_positions(c.positions, **geometry)
+        self.embed_scale = math.sqrt(c.d_model) if c.embed_scale is None else c.embed_scale
+        src_parts = stack_positions(c, encoder=True)
+        tgt_parts = stack_positions(c, encoder=False)
         self.src_embed = nn.Embedding(c.src_vocab_size, c.d_model)
         self.tgt_embed = (
             self.src_embed if c.share_embeddings else nn.Embedding(c.tgt_vocab_size, c.d_model)
         )
         self.src_pos, self.tgt_pos = src_parts.added, tgt_parts.added
+        self.src_rel_bias, self.tgt_rel_bias = src_parts.bias, tgt_parts.bias
         self.position_limit = src_parts.limit  # learned table size; None: any length works
+        norm = {"eps": c.norm_eps, "bias": c.bias}
+        self.src_embed_norm = make_norm(c.norm_kind, c.d_model, **norm) if c.embed_norm else None
+        self.tgt_embed_norm = make_norm(c.norm_kind, c.d_model, **norm) if c.embed_norm else None
         self.drop = nn.Dropout(c.dropout)
         block = {"d_model": c.d_model, "num_heads": c.num_heads, "d_ff": c.d_ff,
-                 "dropout": c.dropout, "activation": c.activation, "norm": c.norm,
-                 "norm_eps": c.norm_eps}
+                 "d_head": c.d_head, "dropout": c.dropout, "activation": c.activation,
+                 "norm": c.norm, "norm_kind": c.norm_kind, "norm_eps": c.norm_eps,
+                 "bias": c.bias, "scale": c.attn_scale}
         self.encoder_blocks = nn.ModuleList(
             TransformerBlock(**block, **src_parts.attention) for _ in range(c.num_encoder_layers)
         )
@@ -152,9 +99,9 @@ class Seq2SeqTransformer(ModelBase):
             for _ in range(c.num_decoder_layers)
         )
         pre = c.norm == "pre"
-        self.encoder_norm = make_norm("layernorm", c.d_model, eps=c.norm_eps) if pre else None
-        self.decoder_norm = make_norm("layernorm", c.d_model, eps=c.norm_eps) if pre else None
-        self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size)
+        self.encoder_norm = make_norm(c.norm_kind, c.d_model, **norm) if pre else None
+        self.decoder_norm = make_norm(c.norm_kind, c.d_model, **norm) if pre else None
+        self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size, bias=c.output_bias)
         init_xavier(self)
         if c.tie_embeddings:
             self.lm_head.weight = self.tgt_embed.weight
@@ -213,9 +160,14 @@ class Seq2SeqTransformer(ModelBase):
             src_mask = self.make_src_mask(src)
         _check_mask("src_mask", src_mask, (B, c.num_heads, S, S), device)
         check_length("src", S, 0, self.position_limit)
-        x = self.drop(add_positions(self.src_pos, self.src_embed(src) * self.embed_scale))
+        x = self._embed(src, self.src_embed, self.src_pos, self.src_embed_norm, 0)  # (B, S, E)
+        # A relative bias is computed once and every block adds it (with the padding mask).
+        mask = src_mask
+        if self.src_rel_bias is not None:
+            bias = self.src_rel_bias(S, S, dtype=x.dtype)  # (1, H, S, S)
+            mask = masks.combine(bias, src_mask)  # (B|1, H, S, S) float
         for block in self.encoder_blocks:
-            x = block(x, mask=src_mask)  # (B, S, E)
+            x = block(x, mask=mask)  # (B, S, E)
         return x if self.encoder_norm is None else self.encoder_norm(x)
 
     def decode(
@@ -255,16 +207,31 @@ class Seq2SeqTransformer(ModelBase):
         offset = 0 if cache is None else cache.length
         _check_mask("src_mask", src_mask, (B, c.num_heads, T, memory.shape[1]), device)
         check_length("tgt_in", T, offset, self.position_limit)
-        y = self.tgt_embed(tgt_in) * self.embed_scale  # (B, T, E)
-        y = self.drop(add_positions(self.tgt_pos, y, offset=offset))
+        y = self._embed(tgt_in, self.tgt_embed, self.tgt_pos, self.tgt_embed_norm,
+                        offset)  # (B, T, E)  # fmt: skip
+        bias = None
+        if self.tgt_rel_bias is not None:
+            bias = self.tgt_rel_bias(T, offset + T, offset, dtype=y.dtype)  # (1, H, T, S)
         for i, block in enumerate(self.decoder_blocks):
             y = block(
-                y, memory, is_causal=T > 1, context_mask=src_mask,
+                y, memory, mask=bias, is_causal=T > 1, context_mask=src_mask,
                 cache=None if cache is None else cache[i],
             )  # (B, T, E)
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
+        if c.head_scale != 1.0:
+            y = y * c.head_scale
         return self.lm_head(y)  # (B, T, V_tgt)
+
+    def _embed(
+        self, ids: Tensor, embed: nn.Module, pos: nn.Module | None, norm: nn.Module | None,
+        offset: int,
+    ) -> Tensor:  # fmt: skip
+        """``ids (B, T) -> (B, T, E)``: scaled embeddings + positions (after ``offset`` cached
+        tokens, shifted by ``position_offset``), then the embedding norm and dropout."""
+        x = embed(ids) * self.embed_scale  # (B, T, E)
+        x = add_positions(pos, x, offset=offset + self.config.position_offset)  # (B, T, E)
+        return self.drop(x if norm is None else norm(x))
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits.

@@ -18,6 +18,7 @@ from qkv.nn.positions import (
     SinusoidalPositionalEncoding,
     sinusoidal_table,
 )
+from qkv.nn.relative_bias import RelativePositionBias
 from qkv.nn.rope import RotaryEmbedding, apply_rotary, rotary_cos_sin, rotate_half
 from qkv.nn.rope_scaling import RopeScaling
 from qkv.nn.transformer import (
@@ -44,6 +45,7 @@ __all__ = [
     "LearnedPositionalEmbedding",
     "LuongAttention",
     "MultiheadAttention",
+    "RelativePositionBias",
     "RopeScaling",
     "RotaryEmbedding",
     "SelfAttention",

