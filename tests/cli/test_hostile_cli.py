@@ -117,6 +117,10 @@ HOSTILE = [
     (["chat", "--model", MARKUP], [MARKUP]),
     (["chat", "-n", "0"], ["--max-new-tokens"]),
     (["chat", "--top-p", "2"], ["--top-p"]),
+    # tour
+    (["tour", "--stop", "banana"], ["--stop 'banana' is not a stop", "known stops"]),
+    (["tour", "--seed", "-1"], ["--seed"]),
+    (["tour", "--html", "UNDER"], ["--html", "is a file, not a folder"]),
     # transcribe
     (["transcribe", "--model", MARKUP, "FILE"], [MARKUP]),
     (["transcribe", "FILE"], ["a-file.txt", "cannot decode audio"]),
