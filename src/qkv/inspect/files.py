@@ -14,8 +14,16 @@ from pathlib import Path
 __all__ = ["atomic_write"]
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
     """Write ``data`` (text as UTF-8) to ``path`` atomically; folders above it are created.
+
+    The file gets the permissions a plain ``open(path, "w")`` would give it.
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
@@ -32,6 +40,8 @@ def atomic_write(path: str | os.PathLike, data: str | bytes) -> Path:
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())
+        # mkstemp creates 0600; give the file the mode open() would (0666 less the umask)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
