@@ -28,7 +28,6 @@ from typing import Any
 from qkv.checkpoint.backing import check_derived_buffers, check_sizes, meta_model
 from qkv.data.files import BadFileError, read_json, reading
 from qkv.models import Seq2SeqConfig, Seq2SeqTransformer
-from qkv.pretrained.errors import require
 from qkv.pretrained.hf_bart import bart_config, bart_entries, bart_ignored
 from qkv.pretrained.hf_common import open_weights
 from qkv.pretrained.hf_marian import (
@@ -38,14 +37,12 @@ from qkv.pretrained.hf_marian import (
     marian_ignored,
 )
 from qkv.pretrained.hf_t5 import t5_config, t5_entries, t5_ignored
+from qkv.pretrained.hf_tokenizer import tokenizer_from_folder
 from qkv.pretrained.seq2seq_bundle import Seq2SeqBundle
 from qkv.pretrained.tokenizer import PretrainedTokenizer
 from qkv.pretrained.weights import Entry, check_entries, load_entries, skip_init
 
 __all__ = ["SEQ2SEQ_TYPES", "load_hf_seq2seq_folder", "seq2seq_tokenizer"]
-
-_SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
-
 
 @dataclass(frozen=True)
 class _Family:
@@ -67,13 +64,6 @@ _FAMILIES = {
 SEQ2SEQ_TYPES = tuple(_FAMILIES)
 
 
-def _token_text(value: Any) -> str | None:
-    """A special token as stored: a string or ``{"content": ...}``."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else None
-
-
 def seq2seq_tokenizer(folder: str | Path) -> PretrainedTokenizer | MarianTokenizer | None:
     """The tokenizer of an encoder-decoder folder, or None when it has no tokenizer files.
 
@@ -84,20 +74,14 @@ def seq2seq_tokenizer(folder: str | Path) -> PretrainedTokenizer | MarianTokeniz
             that the library refuses (named).
     """
     folder = Path(folder)
-    tok_config: dict[str, Any] = {}
-    for name in ("special_tokens_map.json", "tokenizer_config.json"):
-        if (folder / name).is_file():
-            tok_config.update(read_json(folder / name))
-    if (folder / "tokenizer.json").is_file():
-        tk = require("tokenizers", "tokenizers")
-        with reading(folder / "tokenizer.json", "a tokenizers library tokenizer.json",
-                     errors=(Exception,)):  # fmt: skip
-            backend = tk.Tokenizer.from_file(str(folder / "tokenizer.json"))
-        special = {k: _token_text(tok_config.get(k)) for k in _SPECIAL_KEYS}
-        special = {k: v for k, v in special.items()
-                   if v is not None and backend.token_to_id(v) is not None}  # fmt: skip
-        return PretrainedTokenizer(backend, special_tokens=special)
+    tokenizer = tokenizer_from_folder(folder)
+    if tokenizer is not None:
+        return tokenizer
     if (folder / "source.spm").is_file():
+        tok_config: dict[str, Any] = {}
+        for name in ("special_tokens_map.json", "tokenizer_config.json"):
+            if (folder / name).is_file():
+                tok_config.update(read_json(folder / name))
         return MarianTokenizer.from_folder(folder, tok_config)
     return None
 
