@@ -225,3 +225,123 @@ def test_hostile_tokens_and_title_draw_as_text(browser, tmp_path):
     assert got["shown"] == HOSTILE[:5], got["shown"]
     assert got["title"].startswith("</script><script>window.qkvPwned=1"), got["title"]
     assert _errors(browser) == []
+
+
+def _click_tab(driver, root_id: str, label: str) -> None:
+    tabs = driver.find_elements("css selector", f"#{root_id} .qkv-tabs button")
+    next(t for t in tabs if t.text == label).click()
+
+
+def test_neuron_view_and_generation_timeline(browser, tmp_path):
+    from qkv.inspect.neuron import qk_terms
+    from qkv.inspect.timeline import record_generation
+
+    torch.manual_seed(0)
+    model = DecoderLM(DecoderLMConfig.llama_style(40, d_model=32, num_layers=2, num_heads=4,
+                                                  num_kv_heads=2)).eval()  # fmt: skip
+    with torch.no_grad():  # sharper attention and varied greedy tokens from a random model
+        for name, p in model.named_parameters():
+            p.mul_(12 if name.endswith(("q_proj.weight", "k_proj.weight")) else
+                   6 if name.endswith(("v_proj.weight", "out_proj.weight", "down_proj.weight"))
+                   else 1)  # fmt: skip
+    prompt = torch.tensor([5, 9, 2, 17, 30, 11, 4])
+    gen = record_generation(model, prompt, 8)
+    labels = [f"tok{i}" for i in gen.ids.tolist()]
+    v = qi.view(model, labels, tmp_path / "gen.html", input_ids=gen.ids[None], timeline=gen,
+                title="neuron view and generation timeline")  # fmt: skip
+    browser.get(v.path.as_uri())
+    root = browser.execute_script("return document.querySelector('.qkv-viewer').id")
+    tabs = [b.text for b in browser.find_elements("css selector", f"#{root} .qkv-tabs button")]
+    assert tabs == ["Head view", "Model view", "Neuron view", "Generation timeline"], tabs
+
+    # Neuron view: D coloured terms per row, their sum shown = qk_terms' score.
+    from selenium.webdriver.support.ui import Select
+
+    _click_tab(browser, root, "Neuron view")
+    panel = f"#{root} .qkv-neuron"
+    Select(browser.find_element("css selector", f"{panel} select.qkv-n-layer")).select_by_index(1)
+    Select(browser.find_element("css selector", f"{panel} select.qkv-n-head")).select_by_index(2)
+    Select(browser.find_element("css selector", f"{panel} select.qkv-n-query")).select_by_index(9)
+    browser.find_elements("css selector", f"{panel} .qkv-n-row")[3].click()  # key 3
+    assert _attr(browser, root, "qkv-neuron", "data-pair") == "2,9,3"
+    terms = browser.find_elements("css selector", f"{panel} td.qkv-term")
+    assert len(terms) == 8 and len(browser.find_elements("css selector", f"{panel} td.qkv-cell")) == 24
+    ref = qk_terms(model, gen.ids[None], "blocks.1.self_attn", 2, 9, 3)
+    shown = [float(t.get_attribute("data-value")) for t in terms]
+    err = max(abs(a - b) for a, b in zip(shown, ref.terms.tolist(), strict=True))
+    assert err < 1e-6, f"terms in the page vs qk_terms: max error {err:.2e}"
+    score = browser.find_element("css selector", f"{panel} .qkv-score")
+    assert abs(float(score.get_attribute("data-score")) - ref.score) < 1e-5
+    assert f"{ref.score:.5g}"[:5] in score.text and "pre-softmax score of query 9 for key 3" in score.text
+    assert len(browser.find_elements("css selector", f"{panel} .qkv-n-row")) == 15
+    # Keys after the query are hidden by the causal mask: their rows are marked.
+    assert len(browser.find_elements("css selector", f"{panel} .qkv-n-row.qkv-n-hidden")) == 5
+    browser.save_screenshot(str(tmp_path / "neuron.png"))
+
+    # Timeline: starts at the last step; the slider and buttons scrub; the text grows.
+    _click_tab(browser, root, "Generation timeline")
+    panel = f"#{root} .qkv-timeline"
+    P, N = gen.prompt_len, gen.steps
+    assert _attr(browser, root, "qkv-timeline", "data-step") == str(N - 1)
+    assert len(browser.find_elements("css selector", f"{panel} .qkv-tl-tok")) == P + N
+    browser.find_element("css selector", f"{panel} .qkv-tl-prev").click()
+    assert _attr(browser, root, "qkv-timeline", "data-step") == str(N - 2)
+    browser.execute_script(
+        "const s = document.querySelector(arguments[0]); s.value = 2;"
+        "s.dispatchEvent(new Event('input'));", f"{panel} input.qkv-tl-step")  # fmt: skip
+    toks = browser.find_elements("css selector", f"{panel} .qkv-tl-tok")
+    assert len(toks) == P + 3 and toks[-1].text == labels[P + 2]
+    assert "qkv-tl-new" in toks[-1].get_attribute("class")
+    assert "qkv-tl-query" in toks[P + 1].get_attribute("class")
+    # The most-attended key of step 2 (last layer, mean of heads) is the one the page names.
+    Select(browser.find_element("css selector", f"{panel} select.qkv-tl-layer")).select_by_index(1)
+    # (The page holds byte codes, so a near tie may go either way: within 0.01 of the top.)
+    mean = gen.step(2, "blocks.1.self_attn").mean(0)  # (P + 2,)
+    top = int(_attr(browser, root, "qkv-timeline", "data-top"))
+    assert mean[top] >= mean.max() - 0.01, (top, mean)
+    Select(browser.find_element("css selector", f"{panel} select.qkv-tl-head")).select_by_index(2)
+    one = gen.step(2, "blocks.1.self_attn")[1]
+    top = int(_attr(browser, root, "qkv-timeline", "data-top"))
+    assert one[top] >= one.max() - 0.01 and one.max() > 0.3, (top, one)
+    info = browser.find_element("css selector", f"{panel} .qkv-tl-info").text
+    assert f'step 3 of {N}' in info and f'chooses "{labels[P + 2]}"' in info
+    browser.save_screenshot(str(tmp_path / "timeline.png"))
+    assert _errors(browser) == []
+    # A page of the timeline alone: its only tab.
+    alone = qi.view(gen, labels, tmp_path / "alone.html")
+    browser.get(alone.path.as_uri())
+    got = browser.execute_script(
+        "const r = document.querySelector('.qkv-viewer'); return [r.dataset.ready,"
+        "[...r.querySelectorAll('.qkv-tabs button')].map(b => b.textContent),"
+        "r.querySelector('.qkv-timeline').dataset.step]")  # fmt: skip
+    assert got == ["1", ["Generation timeline"], str(N - 1)], got
+    assert _errors(browser) == []
+
+
+def test_time_axis_for_speech_cross_attention(browser, tmp_path):
+    from selenium.webdriver.support.ui import Select
+    from test_viewer import whisper_like_capture
+
+    cap = whisper_like_capture()
+    v = qi.view(cap, None, tmp_path / "speech.html", key_axis="time", frame_seconds=0.02,
+                target_tokens=["<|sot|>", "He", "llo", " world", "."])  # fmt: skip
+    browser.get(v.path.as_uri())
+    root = browser.execute_script("return document.querySelector('.qkv-viewer').id")
+    _click_tab(browser, root, "Cross-attention")
+    assert _attr(browser, root, "qkv-cross", "data-key-axis") == "time"
+    header = browser.find_element("css selector", f"#{root} .qkv-cross .qkv-axis-k").text
+    assert "time axis, 0.02 s per position, 30.00 s in all" in header, header
+    keys = [e.text for e in browser.find_elements(
+        "css selector", f"#{root} .qkv-cross .qkv-right .qkv-tok.qkv-time") if e.text]  # fmt: skip
+    assert keys[:3] == ["0.00 s", "0.02 s", "0.04 s"], keys[:3]
+    assert int(_attr(browser, root, "qkv-cross", "data-lines")) > 0
+    browser.save_screenshot(str(tmp_path / "speech.png"))
+    # Model view: the cross-attention picture gets a time axis under it.
+    _click_tab(browser, root, "Model view")
+    Select(browser.find_element("css selector", f"#{root} .qkv-model-view select")).select_by_index(1)
+    browser.find_elements("css selector", f"#{root} .qkv-model-view .qkv-grid canvas")[1].click()
+    ticks = [e.text for e in browser.find_elements(
+        "css selector", f"#{root} .qkv-model-view .qkv-tick")]  # fmt: skip
+    assert ticks == ["0.00 s", "7.50 s", "15.00 s", "22.50 s", "30.00 s"], ticks
+    browser.save_screenshot(str(tmp_path / "speech-model-view.png"))
+    assert _errors(browser) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from importlib import resources
 
 import numpy as np
 import pytest
@@ -12,6 +13,8 @@ import torch
 from inspect_refs import build
 
 import qkv.inspect as qi
+from qkv.inspect.capture import Captured
+from qkv.inspect.viewer import SCRIPTS
 from qkv.inspect.viewer_data import TOPK_BUDGET, choose_top_k
 
 
@@ -135,7 +138,7 @@ def test_view_errors():
         run()
     with pytest.raises(ValueError, match="tokens has 3 labels but the attention covers 11"):
         qi.view(cap, ["a", "b", "c"])
-    with pytest.raises(TypeError, match="source must be a model or a Captured, got str"):
+    with pytest.raises(TypeError, match="source must be a model, a Captured or a Generation, got str"):
         qi.view("model", ["a"])
     with pytest.raises(ValueError, match=r"needs the model's input: input_ids="):
         qi.view(model, ["a", "b"])
@@ -147,3 +150,63 @@ def test_view_errors():
         qi.view(cap, None, layers="x")
     with pytest.raises(ValueError, match=r"heads holds 7, but blocks\.0\.self_attn has H=3"):
         qi.view(model, run.args[0], heads=7)
+
+
+def whisper_like_capture(frames: int = 1500, T: int = 5, H: int = 2) -> Captured:
+    """Synthetic weights shaped like Whisper's decoder: causal self-attention over the tokens
+    and cross-attention over ``frames`` encoder frames (rows of a softmax)."""
+    g = torch.Generator().manual_seed(0)
+    cap = Captured()
+    causal = torch.full((T, T), float("-inf")).triu(1)  # (T, T)
+    for name, kind, S, bias in (("decoder_blocks.0.self_attn", "causal self", T, causal),
+                                ("decoder_blocks.0.cross_attn", "cross", frames, 0.0)):  # fmt: skip
+        scores = torch.randn(1, H, T, S, generator=g) * 3 + bias  # (1, H, T, S)
+        cap.calls[name], cap.kinds[name] = [torch.softmax(scores, -1)], kind
+        cap.heads[name], cap.num_heads[name] = list(range(H)), H
+    return cap
+
+
+def test_time_axis_labels_the_keys_in_seconds():
+    cap = whisper_like_capture()
+    tokens = ["<|sot|>", "He", "llo", " world", "."]
+    v = qi.view(cap, None, target_tokens=tokens, key_axis="time", frame_seconds=0.02)
+    data = page_data(v.html())
+    src = data["tokens"]["source"]
+    assert len(src) == 1500 and src[:3] == ["0.00 s", "0.02 s", "0.04 s"] and src[-1] == "29.98 s"
+    assert data["tokens"]["target"] == tokens
+    assert data["axes"] == {"source": {"kind": "time", "seconds": 0.02, "unit": "s"},
+                            "target": {"kind": "tokens"}}  # fmt: skip
+    cross = data["groups"][1]
+    assert (cross["kind"], cross["q"], cross["k"]) == ("cross", "target", "source")
+    idx, _ = arrays(cross["layers"][0])
+    top = cap.weights["decoder_blocks.0.cross_attn"][0].argmax(-1)  # (H, T)
+    assert np.array_equal(idx[..., 0], top.numpy()), "the strongest frame is not line 0"
+    for seconds, first in ((0.0005, ["0.0000 s", "0.0005 s"]), (0.025, ["0.000 s", "0.025 s"])):
+        fine = qi.view(cap, None, key_axis="time", frame_seconds=seconds).data["tokens"]["source"]
+        assert fine[:2] == first, fine[:2]
+    plain = page_data(qi.view(cap, None).html())
+    assert plain["tokens"]["source"][:2] == ["0", "1"] and plain["axes"]["source"]["kind"] == "tokens"
+
+
+def test_time_axis_errors():
+    cap = whisper_like_capture(frames=20)
+    with pytest.raises(ValueError, match="key_axis must be 'tokens' or 'time', got 'frames'"):
+        qi.view(cap, None, key_axis="frames")
+    with pytest.raises(ValueError, match="key_axis='time' needs frame_seconds, a number > 0"):
+        qi.view(cap, None, key_axis="time")
+    with pytest.raises(ValueError, match=r"needs frame_seconds.*got -1"):
+        qi.view(cap, None, key_axis="time", frame_seconds=-1)
+    with pytest.raises(ValueError, match="frame_seconds is only for key_axis='time'"):
+        qi.view(cap, None, frame_seconds=0.02)
+    with pytest.raises(ValueError, match="give tokens=None"):
+        qi.view(cap, ["a"] * 20, key_axis="time", frame_seconds=0.02)
+
+
+def test_every_inlined_script_is_in_the_page_and_cannot_end_its_element(seq2seq_view):
+    page = seq2seq_view[1].html()
+    for name in (*SCRIPTS, "viewer.css"):
+        text = (resources.files("qkv.inspect") / "static" / name).read_text(encoding="utf-8")
+        low = text.lower()
+        assert "</script" not in low and "</style" not in low and "<!--" not in low, name
+        assert text in page, f"{name} is not inlined"
+        assert not re.search(r"https?://|fetch\(|XMLHttpRequest|import\(", text), name

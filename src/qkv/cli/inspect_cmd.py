@@ -1,5 +1,9 @@
 """``qkv inspect``: attention pictures, a token's journey and the viewer for one input text.
 
+With ``--generate N`` a decoder-only model first greedy-decodes ``N`` tokens after the text
+with its KV cache (:func:`qkv.inspect.timeline.record_generation`); everything is then drawn
+on the prompt and the generated text, and the viewer gains the generation timeline.
+
 The model is a qkv checkpoint folder (:func:`qkv.checkpoint.load_checkpoint`, any of
 the four model classes) or anything :func:`qkv.pretrained.load` accepts (a packaged name, a
 Hugging Face-format folder, a ``.gguf`` file). The files come from
@@ -20,7 +24,7 @@ from rich.markup import escape
 from qkv.checkpoint import is_qkv_checkpoint, load_checkpoint
 from qkv.cli.common import status
 
-__all__ = ["Prepared", "command", "load_model", "prepare_inputs"]
+__all__ = ["Prepared", "add_generation", "command", "load_model", "prepare_inputs"]
 
 NAME = "inspect"
 
@@ -108,6 +112,34 @@ def prepare_inputs(model: torch.nn.Module, src_tok: Any, tgt_tok: Any, text: str
     return p
 
 
+def add_generation(p: Prepared, tokenizer: Any, new_tokens: int) -> Any:
+    """Greedy-decode ``new_tokens`` after ``p``'s text, recording each step's attention, and
+    extend ``p`` to the prompt plus the generated tokens. Returns the
+    :class:`~qkv.inspect.timeline.Generation`.
+
+    Raises:
+        ValueError: an encoder-decoder model, or a text plus ``--generate`` beyond the
+            model's ``max_len``.
+    """
+    from qkv.inspect.timeline import record_generation
+
+    if p.target is not None or hasattr(p.model, "encoder_blocks"):
+        raise ValueError("--generate is for decoder-only models (this one is an "
+                         "encoder-decoder; its target is already its greedy output)")  # fmt: skip
+    limit = getattr(getattr(p.model, "config", None), "max_len", None)
+    P = p.input_ids.shape[1]
+    if limit is not None and P + new_tokens > limit:
+        raise ValueError(f"--generate {new_tokens} after {P} tokens exceeds the model's "
+                         f"max_len={limit}; lower --generate or --max-tokens")  # fmt: skip
+    gen = record_generation(p.model, p.input_ids, new_tokens)
+    new = gen.new_ids.tolist()
+    p.input_ids = gen.ids[None]  # (1, P + N)
+    p.tokens = p.tokens + [_label(tokenizer, i) for i in new]
+    p.notes.append(f"generated {len(new)} tokens greedily with the KV cache: "
+                   f"{tokenizer.decode(new)!r}")  # fmt: skip
+    return gen
+
+
 def command(
     model: Annotated[str, typer.Argument(
         help="A qkv checkpoint folder, or a model qkv.pretrained.load knows (packaged name, "
@@ -123,16 +155,24 @@ def command(
     max_tokens: Annotated[int, typer.Option(
         "--max-tokens", help="Use at most this many tokens of the text.", min=1,
     )] = 512,
+    generate: Annotated[int, typer.Option(
+        "--generate", help="Decoder-only models: greedy-generate this many tokens after the "
+        "text (KV cache on) and add the generation timeline to the viewer.", min=0,
+    )] = 0,
 ) -> None:
     """Draw a model's attention for one text: PNGs, the last token's journey, the viewer.
 
     Writes into --out: a layers × heads grid per attention kind, heatmaps of single heads,
     the rollout, an encoder-decoder's alignment, masks, positions, trace.txt/trace.json and
-    viewer.html (one offline file: open it in a browser).
+    viewer.html (one offline file: open it in a browser). With --generate N the model first
+    continues the text by N greedy tokens and the viewer shows each step's attention.
 
     [bold]Example:[/bold] qkv inspect all-MiniLM-L6-v2 "The cat sat on the mat." --out inspect
+
+    [bold]Example:[/bold] qkv inspect SmolLM2-135M-Instruct "The capital of France is" --generate 8
     """
-    from qkv.inspect import write_report
+    from qkv.inspect.report import write_report
+    from qkv.inspect.viewer import view
 
     # Expected failures (ValueError, OSError, ...) become one line in common.guard. Tokens,
     # names and paths are the user's: printed as text, never as rich markup.
@@ -141,10 +181,15 @@ def command(
         net, src_tok, tgt_tok = load_model(model)
     with status(console, "running the model and drawing ..."):
         p = prepare_inputs(net, src_tok, tgt_tok, text, target, max_tokens)
+        gen = add_generation(p, src_tok, generate) if generate else None
+        title = f"{model}: {text[:60]}"
         files = write_report(
             p.model, p.input_ids, out, tokens=p.tokens, target=p.target,
-            target_tokens=p.target_tokens, title=f"{model}: {text[:60]}",
+            target_tokens=p.target_tokens, title=title,
         )
+        if gen is not None:  # the same viewer, with the timeline
+            view(p.model, p.tokens, files["viewer"], input_ids=p.input_ids, timeline=gen,
+                 title=title)  # fmt: skip
     for note in p.notes:
         console.print(f"note: {note}", markup=False)
     console.print(f"{len(p.tokens)} tokens: {' '.join(p.tokens[:24])}" +

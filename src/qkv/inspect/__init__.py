@@ -35,7 +35,10 @@ Modules: :mod:`~qkv.inspect.hookpoints`, :mod:`~qkv.inspect.capture`,
 :mod:`~qkv.inspect.cache` (``run_with_cache``), :mod:`~qkv.inspect.decompose` (the residual
 stream as a sum), :mod:`~qkv.inspect.lens` (logit lens, direct logit attribution),
 :mod:`~qkv.inspect.patching`, :mod:`~qkv.inspect.analysis_plots`,
-:mod:`~qkv.inspect.induction` (prefix-matching scores, head ablation).
+:mod:`~qkv.inspect.induction` (prefix-matching scores, head ablation); in the viewer:
+:mod:`~qkv.inspect.timeline` (``record_generation``: each new token's attention while the KV
+cache is on), :mod:`~qkv.inspect.neuron` (``qk_terms``: the D terms of one score),
+:mod:`~qkv.inspect.alignment` (a speech model's tokens against audio time).
 """
 
 from qkv.inspect.analysis_plots import (
@@ -56,9 +59,11 @@ from qkv.inspect.induction import (
     previous_token_scores,
 )
 from qkv.inspect.lens import Attribution, LogitLens, direct_logit_attribution, logit_lens
+from qkv.inspect.neuron import QKTerms, qk_terms
 from qkv.inspect.patching import patch_heads, patch_residual
 from qkv.inspect.plots import plot_alignment, plot_grid, plot_head, plot_rollout, rollout
 from qkv.inspect.report import write_report
+from qkv.inspect.timeline import Generation, record_generation
 from qkv.inspect.trace import Trace, TraceStep, trace
 from qkv.inspect.viewer import View, view
 from qkv.inspect.weights import weights_of
@@ -67,7 +72,9 @@ __all__ = [
     "ActivationCache",
     "Attribution",
     "Captured",
+    "Generation",
     "LogitLens",
+    "QKTerms",
     "ResidComponents",
     "Trace",
     "TraceStep",
@@ -96,6 +103,8 @@ __all__ = [
     "plot_rollout",
     "prefix_matching_scores",
     "previous_token_scores",
+    "qk_terms",
+    "record_generation",
     "rollout",
     "run_with_cache",
     "trace",

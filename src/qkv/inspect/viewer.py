@@ -11,6 +11,16 @@ script and styles are inlined from this package; a Content-Security-Policy forbi
   lines; choose the layer and the heads.
 * **model view**: a thumbnail of every layer × head; click one to open it larger.
 * **cross-attention view** (encoder-decoder models): the head view from target to source.
+* **neuron view**: for one query/key pair of one head, the ``D`` terms ``q_i ⊙ k_j · scale``
+  whose sum is the pre-softmax score (:mod:`qkv.inspect.neuron`), and that query's scores
+  over every key.
+* **generation timeline** (with ``timeline=``, a :func:`qkv.inspect.record_generation`
+  record): the text grows one token per step; a slider scrubs the steps and each token is
+  shaded by the new token's attention to it, per layer and head.
+
+Keys need not be tokens: ``key_axis="time"`` with ``frame_seconds`` labels the source side
+(the keys of cross-attention, e.g. Whisper's 1,500 encoder frames) ``"0.00 s"``, ``"0.02 s"``,
+..., and the page draws it as a time axis.
 
 Only the visible rows are drawn, so 4,096 tokens stay responsive; the data are compressed by
 :mod:`qkv.inspect.viewer_data`. Several viewers on one page do not interfere: each has its own
@@ -31,11 +41,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from qkv.checks import is_number
 from qkv.inspect.adapters import key_side, query_side, run_model
 from qkv.inspect.capture import Captured
 from qkv.inspect.files import atomic_write
 from qkv.inspect.hookpoints import attention_layers, match_names
-from qkv.inspect.viewer_data import LayerSummary, choose_top_k
+from qkv.inspect.neuron import NeuronPages
+from qkv.inspect.timeline import Generation
+from qkv.inspect.viewer_data import LayerSummary, choose_top_k, time_labels
 from qkv.inspect.weights import check_heads, weight_blocks
 
 __all__ = ["View", "script_json", "view"]
@@ -78,6 +91,10 @@ def _static(name: str) -> str:
     return (resources.files("qkv.inspect") / "static" / name).read_text(encoding="utf-8")
 
 
+# The page's script: the viewer and its views, inlined in this order inside one closure.
+SCRIPTS = ("viewer.js", "timeline.js", "neuron.js")
+
+
 class View:
     """A rendered viewer: :meth:`save` writes the HTML file, Jupyter shows it inline.
 
@@ -98,7 +115,7 @@ class View:
             f'<div class="qkv-viewer" id="{vid}">'
             f"<style>{_static('viewer.css')}</style>"
             f'<script type="application/json" class="qkv-data">{payload}</script>'
-            f"<script>(function(){{{_static('viewer.js')}\n"
+            f"<script>(function(){{{''.join(_static(n) + chr(10) for n in SCRIPTS)}"
             f'qkvViewer(document.getElementById("{vid}"));}})();</script></div>'
         )
 
@@ -122,8 +139,10 @@ class View:
         return self.fragment()
 
     def __repr__(self) -> str:
-        groups = ", ".join(f"{g['title']} ({len(g['layers'])} layers)" for g in self.data["groups"])
-        return f"View({groups})"
+        parts = [f"{g['title']} ({len(g['layers'])} layers)" for g in self.data["groups"]]
+        if self.data.get("timeline"):
+            parts.append(f"timeline ({self.data['timeline']['steps']} steps)")
+        return f"View({', '.join(parts)})"
 
 
 def _labels(tokens: Any, name: str) -> list[str] | None:
@@ -142,8 +161,10 @@ def _group_title(pattern: str, kind: str) -> str:
     return f"{side}{kind}-attention"
 
 
-def _summaries_from_captured(cap: Captured, layers: Any, batch: int, top_k: int,
-                             block_rows: int) -> list[LayerSummary]:  # fmt: skip
+def _summaries_from_captured(cap: Captured, layers: Any, batch: int, top_k: int, block_rows: int,
+                             pages: NeuronPages | None) -> list[LayerSummary]:  # fmt: skip
+    """Summaries of the captured layers; their first call's inputs go to the neuron view
+    when the capture kept them (``keep_inputs=True``)."""
     names = match_names(cap.layers, layers, "layers", allow_int=True)
     weights = cap.weights
     pairs = sum(weights[n].shape[1] * weights[n].shape[2] for n in names)
@@ -156,13 +177,17 @@ def _summaries_from_captured(cap: Captured, layers: Any, batch: int, top_k: int,
         for i0 in range(0, T, block_rows):
             s.add(i0, w[:, i0 : i0 + block_rows])
         out.append(s)
+    # Only a single-call layer's queries line up with its weights' rows.
+    for name in names:
+        if pages is not None and len(cap.inputs.get(name, ())) == 1:
+            pages.add(name, cap.inputs[name][0], cap.heads[name], batch)
     return out
 
 
 @torch.no_grad()
 def _summaries_from_model(model: nn.Module, ids: Any, target: Any, kwargs: Any, layers: Any,
-                          heads: Any, batch: int, top_k: int,
-                          block_rows: int) -> list[LayerSummary]:  # fmt: skip
+                          heads: Any, batch: int, top_k: int, block_rows: int,
+                          pages: NeuronPages | None) -> list[LayerSummary]:  # fmt: skip
     found = attention_layers(model)
     names = match_names(list(found), layers, "layers", allow_int=True)
     summaries: dict[str, LayerSummary] = {}
@@ -178,6 +203,8 @@ def _summaries_from_model(model: nn.Module, ids: Any, target: Any, kwargs: Any, 
         for i0, block in weight_blocks(inputs, head_lists[name], block_rows=block_rows):
             s.add(i0, block[batch])  # (H', n, S)
         summaries[name] = s
+        if pages is not None:
+            pages.add(name, inputs, head_lists[name], batch)
 
     handles = [found[n].hook_inputs.add_hook(lambda x, _p, n=n: on_call(n, x)) for n in names]
     try:
@@ -189,7 +216,7 @@ def _summaries_from_model(model: nn.Module, ids: Any, target: Any, kwargs: Any, 
 
 
 def view(
-    source: nn.Module | Captured,
+    source: nn.Module | Captured | Generation,
     tokens: Any = None,
     path: str | os.PathLike | None = None,
     *,
@@ -203,13 +230,18 @@ def view(
     title: str | None = None,
     block_rows: int = 256,
     model_kwargs: dict[str, Any] | None = None,
+    timeline: Generation | None = None,
+    neuron: bool = True,
+    key_axis: str = "tokens",
+    frame_seconds: float | None = None,
 ) -> View:
     """Build the viewer for a model run or for weights already captured, and save it.
 
     Args:
         source: a :class:`Captured` (from :func:`qkv.inspect.capture`), or a qkv model,
             which is run once on ``input_ids`` (and ``target`` for an encoder-decoder) while
-            each layer's weights are rebuilt and compressed a block of rows at a time.
+            each layer's weights are rebuilt and compressed a block of rows at a time, or a
+            :class:`~qkv.inspect.timeline.Generation` alone (a page with only its timeline).
         tokens: labels of the input positions (a list of strings), or, for a model without
             ``input_ids``, the ``(B, T)`` ids themselves (labelled by their values).
         path: write the HTML file here (None: only return the :class:`View`).
@@ -222,22 +254,40 @@ def view(
         title: the page title.
         block_rows: query rows processed at once (bounds memory on long inputs).
         model_kwargs: more arguments of the model's forward (e.g. ``attention_mask``).
+        timeline: a :func:`~qkv.inspect.record_generation` record to show as the generation
+            timeline; its ``P + N`` labels are ``tokens`` when they are that many, else ids.
+        neuron: include the neuron view's ``q``/``k`` vectors (a model, or a capture made
+            with ``keep_inputs=True``; layers in order within
+            :data:`~qkv.inspect.neuron.NEURON_BUDGET` floats).
+        key_axis: ``"tokens"``, or ``"time"``: the source side (the keys of
+            cross-attention; both sides of an encoder's self-attention) is a time axis,
+            position ``i`` labelled ``i · frame_seconds`` (``"0.02 s"``); ``tokens`` must
+            then be None.
+        frame_seconds: seconds per source position (with ``key_axis="time"``; Whisper's
+            encoder: 0.02).
 
     Returns:
         a :class:`View`.
 
     Raises:
-        TypeError: a source that is neither a module nor a :class:`Captured`; labels that
-            are not a sequence.
+        TypeError: a source that is neither a module, a :class:`Captured` nor a
+            :class:`Generation`; labels that are not a sequence.
         ValueError: no inputs for a model, fewer labels than positions, bad ``layers``,
-            ``heads`` or ``batch``, no attention layer captured.
+            ``heads``, ``batch``, ``key_axis`` or ``frame_seconds``, no attention layer
+            captured, a timeline over the page's budget.
     """
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
         raise ValueError(f"batch must be an int >= 0, got {batch!r}")
     if isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1:
         raise ValueError(f"block_rows must be a positive int, got {block_rows!r}")
-    if isinstance(source, Captured):
-        summaries = _summaries_from_captured(source, layers, batch, top_k, block_rows)
+    axis = _axis(key_axis, frame_seconds, tokens)
+    pages = NeuronPages() if neuron else None
+    if isinstance(source, Generation):
+        if timeline is not None:
+            raise ValueError("give the Generation either as source or as timeline=, not both")
+        summaries, timeline = [], source
+    elif isinstance(source, Captured):
+        summaries = _summaries_from_captured(source, layers, batch, top_k, block_rows, pages)
     elif isinstance(source, nn.Module):
         if input_ids is None and isinstance(tokens, Tensor):
             input_ids, tokens = tokens, tokens[batch] if tokens.dim() == 2 else tokens
@@ -248,21 +298,49 @@ def view(
         if target is not None and target_tokens is None:
             target_tokens = target[batch]
         summaries = _summaries_from_model(source, input_ids, target, model_kwargs, layers,
-                                          heads, batch, top_k, block_rows)  # fmt: skip
+                                          heads, batch, top_k, block_rows, pages)  # fmt: skip
     else:
-        raise TypeError(f"source must be a model or a Captured, got {type(source).__name__}")
-    if not summaries:
+        raise TypeError("source must be a model, a Captured or a Generation, got "
+                        f"{type(source).__name__}")  # fmt: skip
+    if timeline is not None and not isinstance(timeline, Generation):
+        raise TypeError(f"timeline must be a Generation (record_generation), got "
+                        f"{type(timeline).__name__}")  # fmt: skip
+    if not summaries and timeline is None:
         raise ValueError("no attention layer was captured, so there is nothing to view")
-    v = View(_page_data(summaries, _labels(tokens, "tokens"),
-                        _labels(target_tokens, "target_tokens"), title))  # fmt: skip
+    labels = _labels(tokens, "tokens")
+    data = _page_data(summaries, labels, _labels(target_tokens, "target_tokens"), title, axis)
+    if timeline is not None:
+        n = int(timeline.ids.numel())
+        ids_labels = [str(i) for i in timeline.ids.tolist()]
+        data["timeline"] = timeline.page_data(labels if labels and len(labels) >= n else ids_labels)
+    if pages is not None and (pages.layers or pages.left_out):
+        data["neuron"], data["neuronLeftOut"] = pages.layers, pages.left_out
+    v = View(data)
     if path is not None:
         v.save(path)
     return v
 
 
+def _axis(key_axis: Any, frame_seconds: Any, tokens: Any) -> dict[str, Any] | None:
+    """The source side's axis for the page: None (tokens) or ``{"kind": "time", ...}``."""
+    if key_axis == "tokens":
+        if frame_seconds is not None:
+            raise ValueError("frame_seconds is only for key_axis='time'")
+        return None
+    if key_axis != "time":
+        raise ValueError(f"key_axis must be 'tokens' or 'time', got {key_axis!r}")
+    if not is_number(frame_seconds) or frame_seconds <= 0:
+        raise ValueError(f"key_axis='time' needs frame_seconds, a number > 0 (seconds per "
+                         f"source position), got {frame_seconds!r}")  # fmt: skip
+    if tokens is not None:
+        raise ValueError("key_axis='time' labels the source side by time: give tokens=None")
+    return {"kind": "time", "seconds": float(frame_seconds), "unit": "s"}
+
+
 def _page_data(summaries: list[LayerSummary], source: list[str] | None,
-               target: list[str] | None, title: str | None) -> dict[str, Any]:  # fmt: skip
-    """Group the layers (one group per stack and sublayer) and attach the token labels."""
+               target: list[str] | None, title: str | None,
+               axis: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Group the layers (one group per stack and sublayer) and attach the position labels."""
     groups: dict[str, dict[str, Any]] = {}
     need = {"source": 0, "target": 0}
     for s in summaries:
@@ -274,6 +352,8 @@ def _page_data(summaries: list[LayerSummary], source: list[str] | None,
         if s.kind == "causal self":
             g["kind"], g["title"] = s.kind, _group_title(pattern, s.kind)
         g["layers"].append(s.to_json())
+    if axis is not None:
+        source = time_labels(need["source"], axis["seconds"])
     labels: dict[str, list[str]] = {}
     for side, given in (("source", source), ("target", target)):
         if given is not None and len(given) < need[side]:
@@ -282,5 +362,6 @@ def _page_data(summaries: list[LayerSummary], source: list[str] | None,
                 f"but the attention covers {need[side]} positions"
             )
         labels[side] = given[: need[side]] if given else [str(i) for i in range(need[side])]
-    return {"title": title or "qkv attention viewer", "tokens": labels,
+    axes = {"source": axis or {"kind": "tokens"}, "target": {"kind": "tokens"}}
+    return {"title": title or "qkv attention viewer", "tokens": labels, "axes": axes,
             "groups": list(groups.values())}  # fmt: skip

@@ -26,14 +26,27 @@ from torch import Tensor
 
 from qkv.inspect.pool import Pooler
 
-__all__ = ["TOPK_BUDGET", "LayerSummary", "choose_top_k"]
+__all__ = ["TOPK_BUDGET", "LayerSummary", "b64", "choose_top_k", "time_labels", "weight_codes"]
 
 # Top-k entries (query × head × k) the whole page may hold: about 3 bytes each, ~12 MB at most.
 TOPK_BUDGET = 4_000_000
 
 
-def _b64(a: np.ndarray) -> str:
+def b64(a: np.ndarray) -> str:
+    """The bytes of ``a`` (C order, its own dtype) as base64 text."""
     return base64.b64encode(np.ascontiguousarray(a).tobytes()).decode("ascii")
+
+
+def weight_codes(w: Tensor) -> np.ndarray:
+    """Weights in ``[0, 1]`` as uint8 codes ``round(255·sqrt(w))`` (decoded ``(code/255)²``)."""
+    return torch.round(w.detach().double().cpu().clamp(0, 1).sqrt() * 255).to(torch.uint8).numpy()
+
+
+def time_labels(n: int, seconds: float) -> list[str]:
+    """Labels of ``n`` frames ``seconds`` apart: ``"0.00 s", "0.02 s", ...``, with as many
+    decimals as ``seconds`` needs (at least 2, at most 6)."""
+    digits = next((d for d in range(2, 7) if abs(round(seconds, d) - seconds) < 1e-12), 6)
+    return [f"{i * seconds:.{digits}f} s" for i in range(n)]
 
 
 def choose_top_k(top_k: int, S: int, rows: int) -> int:
@@ -84,8 +97,7 @@ class LayerSummary:
         vals, idx = torch.topk(b, self.k, dim=-1)  # (H', n, k)
         rows = slice(first_row, first_row + n)
         self.idx[:, rows] = idx.numpy().astype(self.idx.dtype)
-        code = torch.round(vals.double().clamp(0, 1).sqrt() * 255)  # (H', n, k)
-        self.w[:, rows] = code.to(torch.uint8).numpy()
+        self.w[:, rows] = weight_codes(vals)  # (H', n, k)
         self.thumb.add(first_row, b)
         self.detail.add(first_row, b)
 
@@ -95,13 +107,13 @@ class LayerSummary:
         top = m.flatten(1).amax(1) if m.numel() else torch.zeros(m.shape[0])  # (H',)
         scaled = (m / top.clamp(min=1e-30)[:, None, None] * 255).round().clamp(0, 255)
         return {"r": p.R, "c": p.C, "max": [float(x) for x in top],
-                "data": _b64(scaled.to(torch.uint8).numpy())}  # fmt: skip
+                "data": b64(scaled.to(torch.uint8).numpy())}  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         """The layer's entry in the page's JSON."""
         return {
             "name": self.name, "kind": self.kind, "heads": self.heads, "T": self.T,
             "S": self.S, "k": self.k, "idxBytes": self.idx.dtype.itemsize,
-            "idx": _b64(self.idx), "w": _b64(self.w),
+            "idx": b64(self.idx), "w": b64(self.w),
             "thumb": self._picture(self.thumb), "detail": self._picture(self.detail),
         }  # fmt: skip

@@ -39,6 +39,13 @@ function qkvViewer(root) {
     return layer;
   }
   function colour(h) { return PALETTE[h % PALETTE.length]; }
+  // Each side's axis: token labels, or time ("kind": "time", "seconds" per position).
+  function axis(side) { return (data.axes && data.axes[side]) || { kind: "tokens" }; }
+  function axisText(side, n) {
+    const a = axis(side);
+    return a.kind === "time" ? `time axis, ${a.seconds} ${a.unit || "s"} per position, ` +
+      `${(n * a.seconds).toFixed(2)} ${a.unit || "s"} in all` : "tokens";
+  }
   function select(options, onchange) {
     const s = el("select");
     options.forEach((text, i) => { const o = el("option", "", text); o.value = i; s.appendChild(o); });
@@ -61,8 +68,8 @@ function qkvViewer(root) {
   // Head view: queries left, keys right, lines to the top-k keys; only visible rows are drawn.
   function HeadView(panel, groups) {
     const st = { g: 0, layer: 0, heads: null, focus: null, frame: 0 };
-    const controls = el("div", "qkv-controls");
-    panel.appendChild(controls);
+    const controls = el("div", "qkv-controls"), axesRow = el("div", "qkv-axes");
+    panel.append(controls, axesRow);
     const scroll = el("div", "qkv-scroll"), stage = el("div", "qkv-stage");
     const left = el("div", "qkv-col qkv-left"), right = el("div", "qkv-col qkv-right");
     const canvas = el("canvas", "qkv-lines");
@@ -116,6 +123,12 @@ function qkvViewer(root) {
       stage.style.height = n * ROW + "px";
       scroll.style.height = Math.min(600, n * ROW + 2) + "px";
       scroll.scrollTop = 0;
+      axesRow.textContent = "";
+      const hq = el("span", "qkv-axis-q", "queries (" + axisText(g.q, l.T) + ")");
+      const hk = el("span", "qkv-axis-k", "keys (" + axisText(g.k, l.S) + ")");
+      hq.style.width = COLW + "px"; hk.style.marginLeft = LINEW + "px";
+      axesRow.append(hq, hk);
+      panel.dataset.keyAxis = axis(g.k).kind;
       note.textContent = `${l.T} queries × ${l.S} keys; lines to each query's ${l.k} most-attended ` +
         "keys, opacity = weight relative to its strongest key. Hover a token to focus it (a key's " +
         "tooltip then shows its weight); scroll for more.";
@@ -132,6 +145,7 @@ function qkvViewer(root) {
         const f = st.focus;
         d.classList.toggle("qkv-focus", !!f && f.side === side && f.index === i);
         d.style.background = "";
+        d.classList.toggle("qkv-time", axis(side === "q" ? group().q : group().k).kind === "time");
       });
     }
     function draw() {
@@ -208,6 +222,18 @@ function qkvViewer(root) {
     return { draw };
   }
 
+  // Under a picture whose keys are a time axis: five ticks, in seconds, across its width.
+  function timeTicks(box, side, n) {
+    box.textContent = "";
+    const a = axis(side);
+    if (a.kind !== "time") return;
+    for (let t = 0; t <= 4; t++) {
+      const tick = el("span", "qkv-tick", `${(t / 4 * n * a.seconds).toFixed(2)} ${a.unit || "s"}`);
+      tick.style.left = `${t * 25}%`;
+      box.appendChild(tick);
+    }
+  }
+
   // Model view: layers × heads thumbnails; a click opens one larger.
   function ModelView(panel, groups) {
     const st = { g: 0 };
@@ -229,7 +255,8 @@ function qkvViewer(root) {
       grid.appendChild(el("span"));
       for (let c = 0; c < cols; c++) grid.appendChild(el("span", "qkv-lab", "head " + (L[0].heads[c] ?? c)));
       const detail = el("div", "qkv-detail"), cap = el("div", "qkv-note"), big = el("canvas");
-      detail.append(big, cap);
+      const ticks = el("div", "qkv-ticks");
+      detail.append(big, ticks, cap);
       L.forEach((l, li) => {
         grid.appendChild(el("span", "qkv-lab", l.name));
         for (let c = 0; c < cols; c++) {
@@ -242,10 +269,12 @@ function qkvViewer(root) {
             grid.querySelectorAll("canvas.qkv-picked").forEach(x => x.classList.remove("qkv-picked"));
             cv.classList.add("qkv-picked");
             paint(big, l.detail, c);
+            timeTicks(ticks, groups[st.g].k, l.S);
             const d = l.detail;
             cap.textContent = `${l.name}, head ${l.heads[c]}: ${l.T} queries × ${l.S} keys` +
               (d.r < l.T || d.c < l.S ? ` (block means, ${d.r} × ${d.c})` : "") +
-              `; brightest = ${d.max[c].toPrecision(3)}`;
+              `; brightest = ${d.max[c].toPrecision(3)}` +
+              (axis(groups[st.g].k).kind === "time" ? `; keys: ${axisText(groups[st.g].k, l.S)}` : "");
             panel.dataset.open = `${li},${l.heads[c]}`;
           });
           grid.appendChild(cv);
@@ -264,9 +293,16 @@ function qkvViewer(root) {
   const tabs = el("div", "qkv-tabs");
   ui.appendChild(tabs);
   const own = data.groups.filter(g => g.kind !== "cross"), cross = data.groups.filter(g => g.kind === "cross");
-  const views = [["Head view", "qkv-head", own.length ? own : cross, HeadView],
-                 ["Model view", "qkv-model-view", data.groups, ModelView]];
+  const views = [];
+  if (data.groups.length) {
+    views.push(["Head view", "qkv-head", own.length ? own : cross, HeadView],
+               ["Model view", "qkv-model-view", data.groups, ModelView]);
+  }
   if (cross.length && own.length) views.push(["Cross-attention", "qkv-cross", cross, HeadView]);
+  // The other views live in neuron.js and timeline.js (same closure); they get the helpers.
+  const U = { el, select, bytes, colour, RAMP, WEIGHT };
+  if (data.neuron && data.neuron.length) views.push(["Neuron view", "qkv-neuron", data, (p, d) => NeuronView(p, d, U)]);
+  if (data.timeline) views.push(["Generation timeline", "qkv-timeline", data.timeline, (p, t) => TimelineView(p, t, U)]);
   const panels = views.map(([label, cls, groups, make]) => {
     const b = el("button", "", label), p = el("div", "qkv-panel " + cls);
     tabs.appendChild(b); ui.appendChild(p);
