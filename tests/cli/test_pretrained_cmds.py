@@ -148,7 +148,7 @@ def test_generate_model_seeded_sampling_equals_bundle_and_positional_name():
 
 def test_generate_model_errors():
     _fails(["generate", "--model", "no-such-model", "-p", "hi"],
-           "known names: ['all-MiniLM-L6-v2', 'SmolLM2-135M-Instruct']")  # fmt: skip
+           "known names: ['all-MiniLM-L6-v2', 'SmolLM2-135M-Instruct', 'whisper-tiny.en']")  # fmt: skip
     _fails(["generate", "--model", MINILM, "-p", "hi"], "is a sentence encoder")
     _fails(["generate", "--model", SMOL], "give at least one --prompt")
     _fails(["generate", "-m", SMOL, "-p", "hi", "--beam", "2", "-t", "0.5"],
