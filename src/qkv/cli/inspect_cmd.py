@@ -23,6 +23,7 @@ from rich.markup import escape
 
 from qkv.checkpoint import is_qkv_checkpoint, load_checkpoint
 from qkv.cli.common import status
+from qkv.cli.inspect_speech import inspect_speech
 
 __all__ = ["Prepared", "add_generation", "command", "load_model", "prepare_inputs"]
 
@@ -41,8 +42,10 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
 
 
-def load_model(name: str) -> tuple[torch.nn.Module, Any, Any]:
-    """``(model in eval mode, source tokenizer, target tokenizer or None)`` for ``name``.
+def load_model(name: str) -> tuple[Any, torch.nn.Module, Any, Any]:
+    """``(bundle or None, model in eval mode, source tokenizer, target tokenizer or None)``.
+
+    The bundle is what :func:`qkv.pretrained.load` returned (None for a qkv checkpoint).
 
     Raises:
         ValueError, FileNotFoundError, ImportError: from the loaders (the message says what
@@ -53,11 +56,11 @@ def load_model(name: str) -> tuple[torch.nn.Module, Any, Any]:
         ck = load_checkpoint(path)
         toks = ck.tokenizers
         src = toks.get("src") or toks.get("text") or next(iter(toks.values()), None)
-        return ck.model.eval(), src, toks.get("tgt")
+        return None, ck.model.eval(), src, toks.get("tgt")
     from qkv.pretrained import load
 
     bundle = load(name)
-    return bundle.model.eval(), bundle.tokenizer, None
+    return bundle, bundle.model.eval(), bundle.tokenizer, None
 
 
 def _encode(tokenizer: Any, text: str, **kw: Any) -> list[int]:
@@ -145,7 +148,9 @@ def command(
         help="A qkv checkpoint folder, or a model qkv.pretrained.load knows (packaged name, "
              "Hugging Face-format folder, .gguf file).", metavar="CHECKPOINT_OR_MODEL_NAME",
     )],
-    text: Annotated[str, typer.Argument(help="The input text.")],
+    text: Annotated[str, typer.Argument(
+        help="The input text (for a speech model such as whisper-tiny.en: an audio file).",
+    )],
     target: Annotated[str | None, typer.Option(
         "--target", help="Target text for an encoder-decoder (default: its greedy output).",
     )] = None,
@@ -170,6 +175,8 @@ def command(
     [bold]Example:[/bold] qkv inspect all-MiniLM-L6-v2 "The cat sat on the mat." --out inspect
 
     [bold]Example:[/bold] qkv inspect SmolLM2-135M-Instruct "The capital of France is" --generate 8
+
+    [bold]Example:[/bold] qkv inspect whisper-tiny.en speech.wav --out inspect-speech
     """
     from qkv.inspect.report import write_report
     from qkv.inspect.viewer import view
@@ -178,7 +185,18 @@ def command(
     # names and paths are the user's: printed as text, never as rich markup.
     console = Console(highlight=False, soft_wrap=True)  # paths are never broken across lines
     with status(console, f"loading {model} ..."):
-        net, src_tok, tgt_tok = load_model(model)
+        bundle, net, src_tok, tgt_tok = load_model(model)
+    if getattr(net, "encodes_tokens", True) is False:  # a speech model: TEXT is an audio file
+        if target is not None or generate:
+            raise ValueError("--target and --generate are for text models; a speech model "
+                             "takes an audio file and transcribes it")  # fmt: skip
+        with status(console, "transcribing and drawing ..."):
+            files = inspect_speech(bundle, Path(text), out, title=f"{model}: {text[:60]}")
+        for what, path in files.items():
+            console.print(f"  {what:<34} {path}", markup=False)
+        console.print(f"[bold]viewer:[/bold] {escape(str(files['viewer']))} (open it in a "
+                      "browser; no network)")  # fmt: skip
+        return
     with status(console, "running the model and drawing ..."):
         p = prepare_inputs(net, src_tok, tgt_tok, text, target, max_tokens)
         gen = add_generation(p, src_tok, generate) if generate else None
