@@ -59,9 +59,9 @@ def test_common_errors_name_the_field_and_value(kind, overrides, match):
                                           r"int or None, got 0"),
         ("decoder", dict(norm_kind="batchnorm"),
          r"DecoderLMConfig\.norm_kind must be one of \('layernorm', 'rmsnorm'\), got 'batchnorm'"),
-        ("decoder", dict(positions="relative"), r"DecoderLMConfig\.positions must be one of "
-                                                r"\('sinusoidal', 'learned', 'rope', 'alibi', "
-                                                r"None\), got 'relative'"),
+        ("decoder", dict(positions="t5"), r"DecoderLMConfig\.positions must be one of "
+                                          r"\('sinusoidal', 'learned', 'rope', 'alibi', "
+                                          r"'relative', None\), got 't5'"),
         ("decoder", dict(positions="rope", d_model=36, num_heads=4),
          r"DecoderLMConfig\.positions='rope' needs an even head width, .* = 9"),
         ("decoder", dict(norm_eps=0.0), r"DecoderLMConfig\.norm_eps must be a finite number "

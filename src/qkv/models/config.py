@@ -96,6 +96,16 @@ class ConfigBase:
                 f"({num_kv_heads}) for grouped-query attention"
             )
 
+    def _relative(self) -> None:
+        """``relative_buckets`` (>= 4) and ``relative_max_distance`` (> buckets // 2) of T5's
+        relative bias (checked whatever ``positions`` is, so a saved config stays valid)."""
+        self._int("relative_buckets", minimum=4)
+        self._int("relative_max_distance")
+        half = self.relative_buckets // 2  # type: ignore[attr-defined]
+        if self.relative_max_distance <= half:  # type: ignore[attr-defined]
+            self._fail("relative_max_distance", f"an int > relative_buckets // 2 = {half}",
+                       self.relative_max_distance)  # type: ignore[attr-defined]  # fmt: skip
+
     def _rope_even(self, positions: str | None, head_width: int) -> None:
         if positions == "rope" and head_width % 2:
             raise ValueError(

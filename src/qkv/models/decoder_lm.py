@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from qkv.attention.mask_builders import combine
 from qkv.models.config import ACTIVATIONS, NORM_KINDS, NORM_PLACEMENTS, POSITIONS, ConfigBase
 from qkv.models.parts import (
     ModelBase,
@@ -56,8 +57,6 @@ from qkv.nn.rope_scaling import RopeScaling
 
 __all__ = ["DecoderLM", "DecoderLMConfig"]
 
-# T5's relative bias ("relative") is built for encoder-decoders (Seq2SeqTransformer).
-_DECODER_POSITIONS = tuple(p for p in POSITIONS if p != "relative")
 
 
 @dataclass(frozen=True)
@@ -101,6 +100,9 @@ class DecoderLMConfig(ConfigBase):
         rope_scaling: None or a :class:`~qkv.nn.rope_scaling.RopeScaling` as a dict
             (``{"kind": "llama3", "factor": 8.0, "original_max_len": 8192, ...}``).
         rope_dim: columns of each head RoPE rotates (None: all; partial rotary).
+        relative_buckets, relative_max_distance: with ``positions="relative"``, T5's bucketed
+            relative bias (causal buckets; one bias per head, shared by every layer, added to
+            the scores): buckets in all and the offset from which every key shares the last.
     """
 
     vocab_size: int
@@ -136,6 +138,8 @@ class DecoderLMConfig(ConfigBase):
     sandwich_norm: bool = False
     rope_scaling: dict[str, Any] | None = None
     rope_dim: int | None = None
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "max_len"):
@@ -149,7 +153,8 @@ class DecoderLMConfig(ConfigBase):
         self._choice("norm", NORM_PLACEMENTS)
         self._choice("norm_kind", NORM_KINDS)
         self._choice("activation", ACTIVATIONS)
-        self._choice("positions", _DECODER_POSITIONS)
+        self._choice("positions", POSITIONS)
+        self._relative()
         if self.rope_dim is None:
             self._rope_even(self.positions, self.head_dim)
         for name in ("bias", "tie_embeddings"):
@@ -266,12 +271,14 @@ class DecoderLM(ModelBase):
         self.config = c = config
         parts = make_positions(
             c.positions, d_model=c.d_model, d_head=c.head_dim, max_len=c.max_len,
-            rope_base=c.rope_base, rope_dim=c.rope_dim,
+            rope_base=c.rope_base, rope_dim=c.rope_dim, num_heads=c.num_heads,
+            relative_buckets=c.relative_buckets, relative_max_distance=c.relative_max_distance,
             rope_scaling=None if c.rope_scaling is None else RopeScaling.from_dict(c.rope_scaling),
         )
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         self.pos = parts.added
         self.position_limit = parts.limit  # learned table size; None: any position works
+        self.rel_bias = parts.bias  # T5's relative bias (positions="relative"), else None
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(
@@ -376,6 +383,9 @@ class DecoderLM(ModelBase):
         if c.embed_scale != 1.0:
             h = h * c.embed_scale  # (B, T, E)
         h = self.drop(add_positions(self.pos, h, offset=offset, positions=positions))
+        if self.rel_bias is not None:  # computed once, every block adds it to its scores
+            bias = self.rel_bias(T, offset + T, offset, dtype=h.dtype)  # (1, H, T, S)
+            mask = combine(bias, mask)  # (B|1, H, T, S) float; a rolling cache cuts it
         # One new token after a cache sees every cached key: no causal mask to build, unless
         # a sliding window hides the oldest ones.
         causal = T > 1 or any(w is not None for w in c.windows)

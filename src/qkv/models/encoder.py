@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from qkv.attention.mask_builders import combine
 from qkv.models.config import ACTIVATIONS, NORM_PLACEMENTS, POSITIONS, ConfigBase
 from qkv.models.parts import (
     ModelBase,
@@ -58,9 +59,11 @@ class EncoderConfig(ConfigBase):
         activation: feed-forward kind (``"gelu"``, the exact erf form, in BERT).
         norm_eps: LayerNorm epsilon (BERT 1e-12).
         positions: ``"learned"`` (BERT), ``"sinusoidal"``, ``"rope"``, ``"alibi"``
-            (symmetric distances) or None.
+            (symmetric distances), ``"relative"`` (T5's bucketed bias, bidirectional) or None.
         pooling: ``"mean"`` over real tokens or ``"cls"`` (the first token).
         pad_id: padding id, used for the mask when none is given (None: no padding).
+        relative_buckets, relative_max_distance: T5's relative bias with
+            ``positions="relative"`` (one bias per head, shared by every layer).
     """
 
     vocab_size: int
@@ -77,6 +80,8 @@ class EncoderConfig(ConfigBase):
     positions: str | None = "learned"
     pooling: str = "mean"
     pad_id: int | None = 0
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "max_len"):
@@ -88,8 +93,8 @@ class EncoderConfig(ConfigBase):
         self._float("norm_eps", low=0.0)
         self._choice("norm", NORM_PLACEMENTS)
         self._choice("activation", ACTIVATIONS)
-        # T5's relative bias ("relative") is built for encoder-decoders (Seq2SeqTransformer).
-        self._choice("positions", tuple(p for p in POSITIONS if p != "relative"))
+        self._choice("positions", POSITIONS)
+        self._relative()
         self._choice("pooling", POOLINGS)
         self._rope_even(self.positions, self.d_model // self.num_heads)
         self._token("pad_id", self.vocab_size)
@@ -123,11 +128,13 @@ class Encoder(ModelBase):
         self.config = c = config
         parts = make_positions(
             c.positions, d_model=c.d_model, d_head=c.d_model // c.num_heads,
-            max_len=c.max_len, symmetric=True,
+            max_len=c.max_len, symmetric=True, num_heads=c.num_heads,
+            relative_buckets=c.relative_buckets, relative_max_distance=c.relative_max_distance,
         )
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         self.pos = parts.added
         self.position_limit = parts.limit  # learned table size; None: any length works
+        self.rel_bias = parts.bias  # T5's relative bias (positions="relative"), else None
         self.token_type = (
             nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
         )
@@ -199,6 +206,8 @@ class Encoder(ModelBase):
         h = add_positions(self.pos, self.embed(input_ids), positions=positions)  # (B, S, E)
         h = h + self._token_types(token_type_ids, B, S)
         h = self.drop(self.embed_norm(h))
+        if self.rel_bias is not None:  # computed once, every block adds it to its scores
+            mask = combine(self.rel_bias(S, S, dtype=h.dtype), mask)  # (B|1, H, S, S) float
         for block in self.blocks:
             h = block(h, mask=mask, positions=positions, block_mask=block_mask)  # (B, S, E)
         return h if self.norm_f is None else self.norm_f(h)

@@ -132,14 +132,3 @@ class Seq2SeqConfig(ConfigBase):
             )
         for name in ("pad_id", "bos_id", "eos_id"):
             self._token(name, min(self.src_vocab_size, self.tgt_vocab_size))
-
-    def _relative(self) -> None:
-        """Buckets that leave at least one exact bucket per direction, and a ``max_distance``
-        beyond the exact ones (what :func:`~qkv.attention.score_mods.relative_position_bucket`
-        needs for the bidirectional encoder and the causal decoder)."""
-        self._int("relative_buckets", minimum=4)
-        self._int("relative_max_distance")
-        if self.relative_max_distance <= self.relative_buckets // 2:
-            self._fail("relative_max_distance",
-                       f"an int > relative_buckets // 2 = {self.relative_buckets // 2}",
-                       self.relative_max_distance)  # fmt: skip
