@@ -16,21 +16,25 @@ import math
 import os
 import pickle
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from qkv.checkpoint.backing import check_derived_buffers, check_sizes, meta_model
 from qkv.checkpoint.tensor_file import TensorFile, check_finite
 from qkv.checks import is_int
 from qkv.data.files import BadFileError, MissingFileError, library_error, read_json
 from qkv.pretrained.errors import require
+from qkv.pretrained.weights import Entry, check_entries, load_entries, skip_init
 
 __all__ = [
     "HF_ACTIVATIONS",
     "HFWeights",
+    "build_checked",
+    "check_folder_model",
     "hf_activation",
     "open_weights",
     "read_state_dict",
@@ -222,3 +226,48 @@ def read_state_dict(folder: str | os.PathLike) -> dict[str, Tensor]:
     ``open_weights(folder).read()``; see :func:`open_weights` for the files and errors.
     """
     return open_weights(folder).read()
+
+
+def check_folder_model(
+    config: Any, weights: HFWeights, build: Callable[[Any], nn.Module], *,
+    entries: Callable[[Any, Iterable[str]], list[Entry]], ignored: Callable[[str], bool],
+    config_file: Path,
+) -> list[Entry]:
+    """The checks before a model is built from a folder, in order: 1) sizes the header bounds,
+    2) tensor names and shapes, 3) computed buffers (:mod:`qkv.checkpoint.backing`).
+
+    Args:
+        config: the qkv config translated from ``config.json``.
+        weights: the folder's weights (header only, no data read yet).
+        build: ``config -> model`` (run on the meta device only here).
+        entries: ``(config, names) -> [Entry]``, the family's name map.
+        ignored: names in the file the model does not use.
+        config_file: the ``config.json`` (named in errors).
+
+    Returns:
+        the entries, for :func:`build_checked`.
+
+    Raises:
+        qkv.data.files.BadFileError: sizes the tensors do not back; missing, unexpected or
+            misshaped tensors (named).
+    """
+    check_sizes(config, tensors=len(weights.shapes), numel=weights.numel,
+                config_file=config_file, data_file=weights.path)  # fmt: skip
+    found = entries(config, weights.shapes)
+    check_entries(weights.shapes, found, where=weights.path, ignore=ignored,
+                  origin=f"the model {config_file} describes")  # fmt: skip
+    check_derived_buffers(meta_model(lambda: build(config)), file_bytes=weights.nbytes,
+                          config_file=config_file)  # fmt: skip
+    return found
+
+
+def build_checked(
+    config: Any, weights: HFWeights, build: Callable[[Any], nn.Module], entries: list[Entry],
+    ignored: Callable[[str], bool],
+) -> nn.Module:
+    """Build the model without random initialisation and load the folder's tensors into it
+    (after :func:`check_folder_model`); returns it in eval mode."""
+    with skip_init():
+        model = build(config)
+    load_entries(model, weights.read(), entries, where=weights.path, ignore=ignored)
+    return model.eval()

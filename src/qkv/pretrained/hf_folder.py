@@ -30,18 +30,17 @@ from typing import Any
 
 from torch import nn
 
-from qkv.checkpoint.backing import check_derived_buffers, check_sizes, meta_model
 from qkv.checks import positive_int
 from qkv.data.files import BadFileError, read_json, reading
 from qkv.models import DecoderLM, Encoder
 from qkv.pretrained.bundle import DecoderBundle, EncoderBundle
 from qkv.pretrained.hf_bert import bert_config, bert_entries, bert_ignored
-from qkv.pretrained.hf_common import open_weights
+from qkv.pretrained.hf_common import build_checked, check_folder_model, open_weights
 from qkv.pretrained.hf_decoders import HF_DECODERS
 from qkv.pretrained.hf_gpt2 import gpt2_config, gpt2_entries, gpt2_ignored
 from qkv.pretrained.hf_llama import HF_LLAMA_NAMES, llama_config, llama_entries, llama_ignored
 from qkv.pretrained.hf_tokenizer import tokenizer_from_folder
-from qkv.pretrained.weights import Entry, check_entries, load_entries, skip_init
+from qkv.pretrained.weights import Entry
 
 __all__ = ["MODEL_TYPES", "load_hf_folder", "tokenizer_from_folder"]
 
@@ -162,27 +161,18 @@ def load_hf_folder(folder: str | Path, *, name: str | None = None) -> Any:
     family = _FAMILIES[kind]
     weights = open_weights(folder)  # the header only: shapes, no data
     config, extras = _config(kind, hf, folder, config_file)
-    # 1) sizes bounded by the header, 2) names and shapes, 3) computed buffers: all before the
-    # model is built (qkv.checkpoint.backing)
-    check_sizes(config, tensors=len(weights.shapes), numel=weights.numel,
-                config_file=config_file, data_file=weights.path)  # fmt: skip
-    entries = family.entries(config, weights.shapes)
     ignored = family.ignored(config)
-    check_entries(weights.shapes, entries, where=weights.path, ignore=ignored,
-                  origin=f"the model {config_file} describes")  # fmt: skip
-    check_derived_buffers(meta_model(lambda: family.model(config)), file_bytes=weights.nbytes,
-                          config_file=config_file)  # fmt: skip
+    entries = check_folder_model(config, weights, family.model, entries=family.entries,
+                                 ignored=ignored, config_file=config_file)  # fmt: skip
     # The tokenizer files are small: read them before the weights, so a bad one fails early.
     if kind == "bert":
         _, normalize, max_length = extras
         tokenizer = tokenizer_from_folder(folder, max_length=min(max_length, config.max_len))
     else:
         tokenizer = tokenizer_from_folder(folder)
-    with skip_init():
-        model = family.model(config)
-    load_entries(model, weights.read(), entries, where=weights.path, ignore=ignored)
+    model = build_checked(config, weights, family.model, entries, ignored)
     source = {"format": "huggingface", "model_type": kind, "path": str(folder)}
     name = name or str(folder)
     if kind == "bert":
-        return EncoderBundle(model.eval(), tokenizer, name, source, normalize=normalize)
-    return DecoderBundle(model.eval(), tokenizer, name, source)
+        return EncoderBundle(model, tokenizer, name, source, normalize=normalize)
+    return DecoderBundle(model, tokenizer, name, source)

@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qkv.checkpoint.backing import check_derived_buffers, check_sizes, meta_model
 from qkv.data.files import BadFileError, read_json, reading
 from qkv.models import Seq2SeqConfig, Seq2SeqTransformer
 from qkv.pretrained.hf_bart import bart_config, bart_entries, bart_ignored
-from qkv.pretrained.hf_common import open_weights
+from qkv.pretrained.hf_common import build_checked, check_folder_model, open_weights
 from qkv.pretrained.hf_marian import (
     MarianTokenizer,
     marian_config,
@@ -40,7 +39,7 @@ from qkv.pretrained.hf_t5 import t5_config, t5_entries, t5_ignored
 from qkv.pretrained.hf_tokenizer import tokenizer_from_folder
 from qkv.pretrained.seq2seq_bundle import Seq2SeqBundle
 from qkv.pretrained.tokenizer import PretrainedTokenizer
-from qkv.pretrained.weights import Entry, check_entries, load_entries, skip_init
+from qkv.pretrained.weights import Entry
 
 __all__ = ["SEQ2SEQ_TYPES", "load_hf_seq2seq_folder", "seq2seq_tokenizer"]
 
@@ -116,19 +115,10 @@ def load_hf_seq2seq_folder(
     weights = open_weights(folder)  # the header only: shapes, no data
     with reading(config_file, f"a Hugging Face {kind} config.json"):
         config = family.config(hf, str(config_file), weights.shapes)
-    # 1) sizes bounded by the header, 2) names and shapes, 3) computed buffers: all before the
-    # model is built (qkv.checkpoint.backing)
-    check_sizes(config, tensors=len(weights.shapes), numel=weights.numel,
-                config_file=config_file, data_file=weights.path)  # fmt: skip
-    entries = family.entries(config, weights.shapes)
     ignored = family.ignored(config)
-    check_entries(weights.shapes, entries, where=weights.path, ignore=ignored,
-                  origin=f"the model {config_file} describes")  # fmt: skip
-    check_derived_buffers(meta_model(lambda: Seq2SeqTransformer(config)),
-                          file_bytes=weights.nbytes, config_file=config_file)  # fmt: skip
+    entries = check_folder_model(config, weights, Seq2SeqTransformer, entries=family.entries,
+                                 ignored=ignored, config_file=config_file)  # fmt: skip
     tokenizer = seq2seq_tokenizer(folder)
-    with skip_init():
-        model = Seq2SeqTransformer(config)
-    load_entries(model, weights.read(), entries, where=weights.path, ignore=ignored)
+    model = build_checked(config, weights, Seq2SeqTransformer, entries, ignored)
     source = {"format": "huggingface", "model_type": kind, "path": str(folder)}
-    return Seq2SeqBundle(model.eval(), tokenizer, name or str(folder), source)
+    return Seq2SeqBundle(model, tokenizer, name or str(folder), source)
