@@ -35,6 +35,7 @@ __all__ = [
     "check_cache",
     "check_document_ids",
     "check_ids",
+    "check_memory",
     "check_positions",
     "document_block_mask",
     "document_positions",
@@ -302,6 +303,30 @@ def document_block_mask(document_ids: Tensor) -> BlockMask:
     return create_block_mask(
         document_mask(document_ids), B, None, T, T, device=document_ids.device
     )
+
+
+def check_memory(memory: object, B: int, weight: Tensor, *, batch_of: str) -> Tensor:
+    """The encoder output a decoder attends to: ``(B, S, E)`` with ``E = weight.shape[1]``, on
+    ``weight``'s device, in its dtype (or under autocast); each error names ``memory`` and
+    what it should be (``batch_of``: the argument whose batch size it must share).
+
+    Raises:
+        ValueError: a wrong shape, batch size or device. TypeError: a wrong dtype.
+    """
+    E = weight.shape[1]
+    if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.shape[2] != E:
+        got = tuple(memory.shape) if isinstance(memory, Tensor) else type(memory).__name__
+        raise ValueError(f"memory must have shape (B, S, E={E}), got {got}")
+    if memory.shape[0] != B:
+        raise ValueError(f"memory must have {batch_of}'s batch size B={B}, got memory of "
+                         f"shape {tuple(memory.shape)}")  # fmt: skip
+    if memory.device != weight.device:
+        raise ValueError(f"memory must be on the model's device {weight.device}, got "
+                         f"{memory.device}")  # fmt: skip
+    if memory.dtype != weight.dtype and not torch.is_autocast_enabled(weight.device.type):
+        raise TypeError(f"memory must have the parameters' dtype {weight.dtype} (the output "
+                        f"of encode), got {memory.dtype}")  # fmt: skip
+    return memory
 
 
 def check_cache(cache: object, num_layers: int) -> KVCache | None:

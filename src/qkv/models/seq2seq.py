@@ -35,6 +35,7 @@ from qkv.models.parts import (
     check_cache,
     check_ids,
     check_length,
+    check_memory,
     init_xavier,
 )
 from qkv.models.seq2seq_config import Seq2SeqConfig
@@ -114,22 +115,6 @@ class Seq2SeqTransformer(ModelBase):
     def _device(self) -> torch.device:
         return self.lm_head.weight.device
 
-    def _check_memory(self, memory: object, B: int, device: torch.device) -> None:
-        """``memory`` is ``(B, S, E)`` in the parameters' dtype (or under autocast), on
-        ``device``; each error names ``memory`` and what it should be."""
-        c = self.config
-        if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.shape[2] != c.d_model:
-            got = tuple(memory.shape) if isinstance(memory, Tensor) else type(memory).__name__
-            raise ValueError(f"memory must have shape (B, S, E={c.d_model}), got {got}")
-        if memory.shape[0] != B:
-            raise ValueError(f"memory must have tgt_in's batch size B={B}, got memory of shape "
-                             f"{tuple(memory.shape)}")  # fmt: skip
-        _check_device("memory", memory, device)
-        dtype = self.lm_head.weight.dtype
-        if memory.dtype != dtype and not torch.is_autocast_enabled(device.type):
-            raise TypeError(f"memory must have the parameters' dtype {dtype} (the output of "
-                            f"encode), got {memory.dtype}")  # fmt: skip
-
     def make_src_mask(self, src: Tensor) -> Tensor | None:
         """Source padding keep mask ``(B, 1, 1, S)`` (True = real token) from ``pad_id``; None
         when ``pad_id`` is None."""
@@ -202,7 +187,7 @@ class Seq2SeqTransformer(ModelBase):
         device = self._device()
         _check_device("tgt_in", tgt_in, device)
         B, T = check_ids("tgt_in", tgt_in, c.tgt_vocab_size).shape
-        self._check_memory(memory, B, device)
+        check_memory(memory, B, self.lm_head.weight, batch_of="tgt_in")
         cache = check_cache(cache, c.num_decoder_layers)
         offset = 0 if cache is None else cache.length
         _check_mask("src_mask", src_mask, (B, c.num_heads, T, memory.shape[1]), device)

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.models.config import ConfigBase
-from qkv.models.parts import ModelBase, check_cache, check_ids, check_length
+from qkv.models.parts import ModelBase, check_cache, check_ids, check_length, check_memory
 from qkv.nn.block import TransformerBlock
 from qkv.nn.cache import KVCache
 from qkv.nn.feedforward import ACTIVATIONS as FFN_ACTIVATIONS
@@ -215,22 +215,6 @@ class SpeechSeq2Seq(ModelBase):
             x = block(x)  # (B, S, E)
         return self.encoder_norm(x)
 
-    def _check_memory(self, memory: object, B: int) -> Tensor:
-        c, weight = self.config, self.lm_head.weight
-        if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.shape[2] != c.d_model:
-            got = tuple(memory.shape) if isinstance(memory, Tensor) else type(memory).__name__
-            raise ValueError(f"memory must have shape (B, S, E={c.d_model}), got {got}")
-        if memory.shape[0] != B:
-            raise ValueError(f"memory must have the tokens' batch size B={B}, got memory of "
-                             f"shape {tuple(memory.shape)}")  # fmt: skip
-        if memory.device != weight.device:
-            raise ValueError(f"memory must be on the model's device {weight.device}, got "
-                             f"{memory.device}")  # fmt: skip
-        if memory.dtype != weight.dtype and not torch.is_autocast_enabled(weight.device.type):
-            raise TypeError(f"memory must have the parameters' dtype {weight.dtype} (the "
-                            f"output of encode), got {memory.dtype}")  # fmt: skip
-        return memory
-
     def decode(
         self, tokens: Tensor, memory: Tensor, memory_mask: Tensor | None = None, *,
         cache: KVCache | None = None,
@@ -259,7 +243,7 @@ class SpeechSeq2Seq(ModelBase):
         if tokens.device != self.lm_head.weight.device:
             raise ValueError(f"tokens must be on the model's device {self.lm_head.weight.device}"
                              f", got {tokens.device}")  # fmt: skip
-        self._check_memory(memory, B)
+        check_memory(memory, B, self.lm_head.weight, batch_of="tokens")
         cache = check_cache(cache, c.num_decoder_layers)
         offset = 0 if cache is None else cache.length
         check_length("tokens", T, offset, c.max_len)
