@@ -15,6 +15,7 @@ gives the same tokens as its rows one at a time. Decoding uses the model as it i
 """
 
 from qkv.generate.beam import beam_search, length_penalty
+from qkv.generate.beam_hf import beam_search_hf
 from qkv.generate.sampling import Sampler, filter_logits, top_p_keep
 from qkv.generate.search import greedy, sample, stream, strip
 from qkv.generate.session import DecoderSession, Seq2SeqSession, is_seq2seq, make_session
@@ -25,6 +26,7 @@ __all__ = [
     "Sampler",
     "Seq2SeqSession",
     "beam_search",
+    "beam_search_hf",
     "complete",
     "filter_logits",
     "generate",

@@ -82,6 +82,7 @@ class Seq2SeqBundle:
         self, sources: Sequence[object], *, max_new_tokens: int | None = None,
         beam_size: int | None = None, alpha: float = 0.0, temperature: float = 0.0,
         top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+        length_penalty: float | None = None, early_stopping: bool | str = False,
     ) -> list[list[int]]:  # fmt: skip
         """Output token ids of each source (EOS and padding removed), decoded as one batch.
 
@@ -93,6 +94,10 @@ class Seq2SeqBundle:
             alpha: beam search length penalty (GNMT; 0 = plain log-probabilities, the ranking
                 of Hugging Face's ``length_penalty=0``).
             temperature, top_k, top_p, seed: sampling (``temperature > 0``).
+            length_penalty, early_stopping: beam search as transformers runs it
+                (:func:`qkv.generate.beam_search_hf`: ``log p / |y| ** length_penalty`` and its
+                stopping rules), for outputs equal to a checkpoint's ``generate``; needs
+                ``beam_size``, excludes ``alpha``.
 
         Returns:
             ``N`` lists of ids.
@@ -100,7 +105,7 @@ class Seq2SeqBundle:
         Raises:
             TypeError, ValueError: bad sources or options (as :func:`qkv.generate.generate`).
         """
-        from qkv.generate import generate, strip
+        from qkv.generate import beam_search_hf, generate, strip
 
         if isinstance(sources, (str, Tensor)) or not isinstance(sources, Sequence):
             raise TypeError(f"sources must be a list of strings or of id lists, got "
@@ -109,6 +114,14 @@ class Seq2SeqBundle:
             raise ValueError("give at least one source")
         rows = [self.source_ids(s) for s in sources]
         n = self._limit(max(len(r) for r in rows), max_new_tokens)
+        if length_penalty is not None:
+            if beam_size is None or alpha:
+                raise ValueError("length_penalty (transformers' beam search) needs beam_size and "
+                                 "excludes alpha (GNMT's penalty)")  # fmt: skip
+            tokens = beam_search_hf(self.model, rows, beam_size=beam_size, max_new_tokens=n,
+                                    length_penalty=length_penalty,
+                                    early_stopping=early_stopping)  # (N, L)  # fmt: skip
+            return strip(tokens, self.config.eos_id)
         tokens = generate(self.model, rows, max_new_tokens=n, beam_size=beam_size, alpha=alpha,
                           temperature=temperature, top_k=top_k, top_p=top_p,
                           seed=seed)  # (N, L)  # fmt: skip
@@ -122,6 +135,7 @@ class Seq2SeqBundle:
     def translate(
         self, texts: str | Sequence[str], *, beam_size: int | None = None, alpha: float = 0.0,
         max_new_tokens: int | None = None, batch_size: int = 16,
+        length_penalty: float | None = None, early_stopping: bool | str = False,
     ) -> list[str]:  # fmt: skip
         """Translate (or summarise, or whatever the model was trained for) ``texts``.
 
@@ -131,6 +145,8 @@ class Seq2SeqBundle:
             alpha: beam search length penalty (see :meth:`generate_ids`).
             max_new_tokens: the most tokens per output (see :meth:`generate_ids`).
             batch_size: texts decoded together.
+            length_penalty, early_stopping: transformers' beam search (see
+                :meth:`generate_ids`).
 
         Returns:
             ``N`` strings, special tokens removed (one for a single string).
@@ -149,7 +165,9 @@ class Seq2SeqBundle:
         out: list[str] = []
         for start in range(0, len(items), batch_size):
             ids = self.generate_ids(items[start : start + batch_size], beam_size=beam_size,
-                                    alpha=alpha, max_new_tokens=max_new_tokens)  # fmt: skip
+                                    alpha=alpha, max_new_tokens=max_new_tokens,
+                                    length_penalty=length_penalty,
+                                    early_stopping=early_stopping)  # fmt: skip
             out.extend(self._decode(row) for row in ids)
         return out
 
