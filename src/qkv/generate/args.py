@@ -23,11 +23,12 @@ from typing import Any
 
 from torch import nn
 
-from qkv.checks import is_int, is_number
+from qkv.checks import is_int, is_number, positive_int
 
 __all__ = [
     "SEED_RANGE",
     "check_alpha",
+    "check_beams",
     "check_sampling",
     "check_seed",
     "default_new_tokens",
@@ -65,6 +66,18 @@ def check_alpha(alpha: object) -> float:
         raise ValueError(f"alpha must be a finite number >= 0 (0 = no length penalty), got "
                          f"{alpha!r}")  # fmt: skip
     return float(alpha)
+
+
+def check_beams(beam_size: object, num_return: object) -> int:
+    """``beam_size`` when it and ``num_return`` are positive ints, ``num_return <= beam_size``.
+
+    Raises:
+        ValueError: anything else, naming the argument.
+    """
+    K = positive_int("beam_size", beam_size)
+    if positive_int("num_return", num_return) > K:
+        raise ValueError(f"num_return={num_return} must be <= beam_size={beam_size}")
+    return K
 
 
 def check_seed(seed: object, batch: int) -> list[int] | None:

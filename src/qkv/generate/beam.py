@@ -21,8 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from qkv.checks import positive_int
-from qkv.generate.args import check_alpha
+from qkv.generate.args import check_alpha, check_beams
 from qkv.generate.search import _ids
 from qkv.generate.session import Inputs, make_session
 
@@ -67,10 +66,7 @@ def beam_search(
             beam_size``, ``alpha`` not a finite number >= 0, and as
             :func:`~qkv.generate.greedy`.
     """
-    positive_int("beam_size", beam_size)
-    positive_int("num_return", num_return)
-    if num_return > beam_size:
-        raise ValueError(f"num_return={num_return} must be <= beam_size={beam_size}")
+    check_beams(beam_size, num_return)
     alpha = check_alpha(alpha)
     eos, pad, bos, fill = _ids(model, eos_id, pad_id, bos_id)
     session = make_session(model, inputs, max_new_tokens, pad_id=pad, bos_id=bos)

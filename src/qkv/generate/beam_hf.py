@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.checks import is_number, positive_int
+from qkv.generate.args import check_beams
 from qkv.generate.search import _ids
 from qkv.generate.session import Inputs, make_session
 
@@ -75,10 +76,7 @@ def beam_search_hf(
         ValueError: a bad ``beam_size``, ``num_return``, ``length_penalty`` or
             ``early_stopping``, and as :func:`~qkv.generate.greedy`.
     """
-    K, N = positive_int("beam_size", beam_size), positive_int("max_new_tokens", max_new_tokens)
-    positive_int("num_return", num_return)
-    if num_return > K:
-        raise ValueError(f"num_return={num_return} must be <= beam_size={K}")
+    K, N = check_beams(beam_size, num_return), positive_int("max_new_tokens", max_new_tokens)
     if not is_number(length_penalty):
         raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}")
     if not any(early_stopping is e or early_stopping == e for e in EARLY_STOPPING) or (
