@@ -3,13 +3,20 @@
 ``True`` is an ``int`` in Python, so ``isinstance(v, int)`` alone lets ``steps=True`` through;
 these helpers say "an int, not a bool" once. The module imports nothing from qkv, so any layer
 (``data``, ``generate``, ``train``, ``pretrained``, ``cli``) may use it.
+
+:func:`values_unknown` says when a tensor's values cannot be read: checks of token ids or
+positions against their ranges (``int(ids.max())``) are skipped then, so ``torch.compile``
+with ``fullgraph=True``, ``torch.export``, ONNX export and the meta device trace the models;
+shapes and dtypes are still checked, and an eager call checks the values as before.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["is_int", "is_number", "positive_int"]
+import torch
+
+__all__ = ["is_int", "is_number", "positive_int", "values_unknown"]
 
 
 def is_int(value: object) -> bool:
@@ -31,3 +38,16 @@ def positive_int(name: str, value: object) -> int:
     if not is_int(value) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return value
+
+
+def values_unknown(t: torch.Tensor) -> bool:
+    """True when ``t``'s values cannot be read without breaking a trace: under
+    ``torch.compile`` / ``torch.export`` tracing, on the meta device, or a fake tensor.
+
+    Value checks (ids in range, a 0/1 mask) are skipped then; everything else is checked.
+    """
+    if torch.compiler.is_compiling() or t.device.type == "meta":
+        return True
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(t)

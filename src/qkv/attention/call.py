@@ -16,6 +16,7 @@ from torch import Tensor
 
 from qkv.attention.errors import AttentionArgumentError, AttentionTypeError
 from qkv.attention.masks import causal_shift, check_attn_mask, split_causal_bias
+from qkv.checks import values_unknown
 
 __all__ = ["AttentionCall", "make_call"]
 
@@ -247,7 +248,7 @@ def _check_alibi(
     bound = torch.finfo(torch.float32).max / max(1, distance)
     finite = torch.isfinite(slopes)
     bad = ~finite | (slopes.abs() > bound)  # (H,)
-    if bool(bad.any()):
+    if not values_unknown(slopes) and bool(bad.any()):
         heads = bad.nonzero().flatten().tolist()
         values = slopes[bad].tolist()
         if not bool(finite.all()):

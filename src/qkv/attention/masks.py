@@ -49,6 +49,7 @@ from qkv.attention.mask_builders import (
     to_mha,
 )
 from qkv.attention.mask_lint import MaskReport, check
+from qkv.checks import values_unknown
 
 try:  # torch >= 2.2: causal mask objects (a tensor subclass with no usable storage)
     from torch.nn.attention.bias import CausalBias, CausalVariant
@@ -155,16 +156,21 @@ def check_attn_mask(
         raise AttentionArgumentError(f"{name} is on {mask.device} but query is on {device}")
     mask = _broadcast(mask, tuple(full_shape), name)
     if mask.is_floating_point():
-        if torch.isnan(mask).any():
-            raise AttentionArgumentError(f"{name} contains NaN; use -inf to hide a key")
-        if torch.isposinf(mask).any():
-            raise AttentionArgumentError(
-                f"{name} contains +inf, which makes the softmax NaN; use large finite "
-                "values to favour a key"
-            )
+        if not values_unknown(mask):  # while tracing the values cannot be read
+            _check_float_values(mask, name)
         if dtype is not None:
             mask = mask.to(mask_dtype(dtype, mask.dtype))
     return mask
+
+
+def _check_float_values(mask: Tensor, name: str) -> None:
+    if torch.isnan(mask).any():
+        raise AttentionArgumentError(f"{name} contains NaN; use -inf to hide a key")
+    if torch.isposinf(mask).any():
+        raise AttentionArgumentError(
+            f"{name} contains +inf, which makes the softmax NaN; use large finite "
+            "values to favour a key"
+        )
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

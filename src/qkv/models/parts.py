@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from qkv.attention.flex_blocks import BlockMask, create_block_mask
 from qkv.attention.mods import document_mask
+from qkv.checks import values_unknown
 from qkv.nn.cache import KVCache
 from qkv.nn.positions import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from qkv.nn.relative_bias import RelativePositionBias
@@ -141,7 +142,9 @@ def add_positions(
     if positions is None:
         return pos(x, offset)  # (B, T, E)
     if isinstance(pos, SinusoidalPositionalEncoding):
-        rows = pos.table(int(positions.max()) + 1, dtype=x.dtype)  # (P, E)
+        # While tracing, the values are unknown: the table's current rows must cover them.
+        n = pos.max_len if values_unknown(positions) else int(positions.max()) + 1
+        rows = pos.table(n, dtype=x.dtype)  # (P, E)
         return x + rows[positions]  # (B, T, E)
     return pos(x, positions=positions)  # (B, T, E)
 
@@ -159,6 +162,8 @@ def check_ids(name: str, ids: object, vocab_size: int) -> Tensor:
         raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {ids.dtype}")
     if ids.dim() != 2 or ids.numel() == 0:
         raise ValueError(f"{name} must have shape (B, T) with B, T >= 1, got {_shape(ids)}")
+    if values_unknown(ids):  # tracing (compile, export) or the meta device: shapes only
+        return ids
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= vocab_size:
         raise ValueError(
@@ -190,6 +195,8 @@ def check_positions(
         raise ValueError(
             f"positions must have shape (B, T) = ({B}, {T}) or (T,), got {_shape(positions)}"
         )
+    if values_unknown(positions):
+        return positions
     lo, hi = int(positions.min()), int(positions.max())
     if lo < 0 or (max_len is not None and hi >= max_len):
         bound = "" if max_len is None else f", max_len={max_len} (learned positions)"
@@ -227,7 +234,7 @@ def padding_keep_mask(name: str, mask: object, B: int, S: int) -> Tensor:
     if tuple(mask.shape) != (B, S):
         raise ValueError(f"{name} must have shape (B, S) = ({B}, {S}), got {_shape(mask)}")
     if mask.dtype != torch.bool:
-        if not bool(((mask == 0) | (mask == 1)).all()):
+        if not values_unknown(mask) and not bool(((mask == 0) | (mask == 1)).all()):
             raise ValueError(
                 f"{name} must be boolean or hold only 0 and 1 (1 = real token), got other values"
             )

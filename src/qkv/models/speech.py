@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from qkv.checks import values_unknown
 from qkv.models.config import ConfigBase
 from qkv.models.parts import ModelBase, check_cache, check_ids, check_length, check_memory
 from qkv.nn.block import TransformerBlock
@@ -190,7 +191,7 @@ class SpeechSeq2Seq(ModelBase):
         if features.dtype != weight.dtype and not torch.is_autocast_enabled(weight.device.type):
             raise TypeError(f"features must have the parameters' dtype {weight.dtype}, got "
                             f"{features.dtype}")  # fmt: skip
-        if not bool(torch.isfinite(features).all()):
+        if not values_unknown(features) and not bool(torch.isfinite(features).all()):
             raise ValueError("features holds NaN or infinite values")
         return features
 

@@ -47,7 +47,7 @@ from torch import Tensor, nn
 from qkv.attention import masks
 from qkv.attention.flex_blocks import BlockMask
 from qkv.attention.score_mods import soft_cap
-from qkv.checks import is_number, positive_int
+from qkv.checks import is_number, positive_int, values_unknown
 from qkv.nn.alibi import alibi_bias, alibi_slopes
 from qkv.nn.cache import LayerKVCache
 from qkv.nn.core import AttentionCore
@@ -305,7 +305,12 @@ class Attention(AttentionCore):
     def _merge(self, out: Tensor) -> Tensor:
         """``(B, H, T, D) -> (B, T, H·D)``."""
         B, H, T, D = out.shape
-        return out.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H·D)
+        out = out.transpose(1, 2)  # (B, T, H, D)
+        if values_unknown(out):
+            # Traced: ONNX export's decompositions can lay the kernel's output out differently
+            # from what the trace recorded, so the copy is made explicit.
+            out = out.clone(memory_format=torch.contiguous_format)
+        return out.reshape(B, T, H * D)  # (B, T, H·D)
 
     def _self_keys(
         self, x: Tensor, q: Tensor, cache: LayerKVCache | None, positions: Tensor | None

@@ -27,7 +27,9 @@ ALiBi and a mask tensor applied after ``score_mod``). Weights on request come fr
 kernel's log-sum-exp. Two cases run a dense ``(B, H, T, S)`` version of the same definition
 instead, because the kernel forms no weights to drop or hook: attention dropout
 (``dropout_p > 0``: the blockwise kernel has none) and a hook on ``hook_scores`` /
-``hook_weights``. A replaced kernel (``core.kernel``) does not take flex calls.
+``hook_weights``; so does a traced call (``torch.compile``, ``torch.export``), because the
+kernel's tile skipping reads the block mask's values. A replaced kernel (``core.kernel``)
+does not take flex calls.
 
 Validation happens once, at the public boundary (the module's ``forward``): the core trusts
 its arguments. A hook that replaces the ``hook_inputs`` record is checked like a user call.
@@ -50,6 +52,7 @@ from qkv.attention.flex import flex_attention
 from qkv.attention.flex_blocks import BlockMask, index_grid, tile_keep
 from qkv.attention.masks import accumulation_dtype
 from qkv.attention.sdpa import run_call
+from qkv.checks import values_unknown
 from qkv.nn.hooks import AttentionInputs, HookPoint, listening
 
 __all__ = ["AttentionCore", "flex_dense"]
@@ -155,7 +158,10 @@ class AttentionCore(nn.Module):
                 "(e.g. by qkv.distributed.context_parallel); call the model on one process"
             )
         score_mod, block_mask = inputs.flex_parts()
-        if inputs.dropout_p > 0.0 or listening(self.hook_scores, self.hook_weights):
+        # The blockwise kernel reads the block mask's values to skip tiles, which a trace
+        # (torch.compile, torch.export) cannot: traced calls take the dense definition.
+        dense = inputs.dropout_p > 0.0 or values_unknown(inputs.query)
+        if dense or listening(self.hook_scores, self.hook_weights):
             return flex_dense(
                 inputs, score_mod, block_mask, need_weights=need_weights,
                 on_scores=self.hook_scores, on_weights=self.hook_weights,

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from qkv.checks import values_unknown
+
 __all__ = ["LearnedPositionalEmbedding", "SinusoidalPositionalEncoding", "sinusoidal_table"]
 
 
@@ -223,7 +225,7 @@ class LearnedPositionalEmbedding(nn.Module):
             raise ValueError(
                 f"positions must have shape (B, T) or (T,) with T={T}, got {tuple(positions.shape)}"
             )
-        if positions.numel() > 0:
+        if positions.numel() > 0 and not values_unknown(positions):
             lo, hi = int(positions.min()), int(positions.max())
             if lo < 0 or hi >= self.max_len:
                 raise ValueError(
