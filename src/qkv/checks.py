@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 __all__ = ["is_int", "is_number", "positive_int", "values_unknown"]
 
@@ -46,8 +47,4 @@ def values_unknown(t: torch.Tensor) -> bool:
 
     Value checks (ids in range, a 0/1 mask) are skipped then; everything else is checked.
     """
-    if torch.compiler.is_compiling() or t.device.type == "meta":
-        return True
-    from torch._subclasses.fake_tensor import is_fake
-
-    return is_fake(t)
+    return torch.compiler.is_compiling() or t.device.type == "meta" or is_fake(t)

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from qkv.generate.args import check_alpha, check_beams
 from qkv.generate.search import _ids
-from qkv.generate.session import Inputs, make_session
+from qkv.generate.session import Inputs, decoding, make_session
 
 __all__ = ["beam_search", "length_penalty"]
 
@@ -33,7 +33,7 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-@torch.no_grad()
+@decoding
 def beam_search(
     model: nn.Module,
     inputs: Inputs,

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from qkv.checks import is_number, positive_int
 from qkv.generate.args import check_beams
 from qkv.generate.search import _ids
-from qkv.generate.session import Inputs, make_session
+from qkv.generate.session import Inputs, decoding, make_session
 
 __all__ = ["EARLY_STOPPING", "beam_search_hf"]
 
@@ -43,7 +43,7 @@ def _gather(x: Tensor, index: Tensor) -> Tensor:
     return x.gather(1, expand)  # (B, K, ...)
 
 
-@torch.no_grad()
+@decoding
 def beam_search_hf(
     model: nn.Module,
     inputs: Inputs,

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from qkv.checks import is_int
 from qkv.generate.args import check_sampling, check_seed, special_ids
 from qkv.generate.sampling import Sampler
-from qkv.generate.session import Inputs, is_seq2seq, make_session, model_device
+from qkv.generate.session import Inputs, decoding, is_seq2seq, make_session, model_device
 
 __all__ = ["greedy", "sample", "stream", "strip"]
 
@@ -51,7 +51,7 @@ def _ids(model: nn.Module, eos_id: int | None, pad_id: int | None, bos_id: int |
     return special_ids(model, eos_id, pad_id, bos_id, seq2seq=is_seq2seq(model))
 
 
-@torch.no_grad()
+@decoding
 def greedy(
     model: nn.Module,
     inputs: Inputs,
@@ -60,6 +60,7 @@ def greedy(
     eos_id: int | None = None,
     pad_id: int | None = None,
     bos_id: int | None = None,
+    compile: bool = False,
 ) -> Tensor:
     """Greedy decoding: the most probable token at every step.
 
@@ -72,6 +73,8 @@ def greedy(
         max_new_tokens: the most tokens generated per row.
         eos_id, pad_id, bos_id: special ids; default the model config's (``bos_id`` starts
             an encoder-decoder's output; without ``eos_id`` rows run to the limit).
+        compile: decoder-only models: a static KV cache and the steps after the prompt
+            through ``torch.compile`` (:mod:`qkv.generate.compiled`); the same tokens.
 
     Returns:
         ``(B, L)`` long: the new tokens, EOS included, ``pad_id`` after it.
@@ -81,12 +84,13 @@ def greedy(
         ValueError: malformed inputs, ids outside the vocabulary, a length past ``max_len``.
     """
     eos, pad, bos, fill = _ids(model, eos_id, pad_id, bos_id)
-    session = make_session(model, inputs, max_new_tokens, pad_id=pad, bos_id=bos)
+    session = make_session(model, inputs, max_new_tokens, pad_id=pad, bos_id=bos,
+                           compile=compile)  # fmt: skip
     steps = _steps(session, lambda logits: logits.argmax(-1), max_new_tokens, eos, fill)
     return torch.stack(list(steps), dim=1)  # (B, L)
 
 
-@torch.no_grad()
+@decoding
 def sample(
     model: nn.Module,
     inputs: Inputs,
@@ -99,11 +103,12 @@ def sample(
     eos_id: int | None = None,
     pad_id: int | None = None,
     bos_id: int | None = None,
+    compile: bool = False,
 ) -> Tensor:
     """Sampling with temperature, top-k and top-p (nucleus); ``temperature=0`` is greedy.
 
     Args:
-        model, inputs, max_new_tokens, eos_id, pad_id, bos_id: as :func:`greedy`.
+        model, inputs, max_new_tokens, eos_id, pad_id, bos_id, compile: as :func:`greedy`.
         temperature: >= 0; 0 = greedy, below 1 sharper, above 1 flatter.
         top_k: sample among the ``k`` most probable tokens only; None = all.
         top_p: sample within the nucleus of probability mass ``p``; None = all.
@@ -120,7 +125,8 @@ def sample(
     """
     check_sampling(temperature, top_k, top_p)
     eos, pad, bos, fill = _ids(model, eos_id, pad_id, bos_id)
-    session = make_session(model, inputs, max_new_tokens, pad_id=pad, bos_id=bos)
+    session = make_session(model, inputs, max_new_tokens, pad_id=pad, bos_id=bos,
+                           compile=compile)  # fmt: skip
     check_seed(seed, session.batch)  # checked even when greedy leaves it unused
     if temperature == 0:
         choose: Callable[[Tensor], Tensor] = lambda logits: logits.argmax(-1)  # noqa: E731
@@ -141,6 +147,7 @@ def stream(
     seed: int | None = None,
     eos_id: int | None = None,
     bos_id: int | None = None,
+    compile: bool = False,
 ) -> Iterator[int]:
     """Generate for one prompt, yielding each new token id as soon as it is chosen.
 
@@ -151,7 +158,8 @@ def stream(
         model: a decoder-only LM (an encoder-decoder model works too, ``prompt`` being the
             source).
         prompt: the token ids (a list, or a 1-D tensor).
-        max_new_tokens, temperature, top_k, top_p, eos_id, bos_id: as :func:`sample`.
+        max_new_tokens, temperature, top_k, top_p, eos_id, bos_id, compile: as
+            :func:`sample`.
         seed: an int or None.
 
     Returns:
@@ -169,9 +177,10 @@ def stream(
     if isinstance(prompt, str | Tensor) or not isinstance(prompt, Sequence):
         raise ValueError(f"prompt must be a list of token ids (or a 1-D tensor), got "
                          f"{prompt!r:.80}")  # fmt: skip
-    with torch.no_grad():
+    with torch.inference_mode():
         eos, pad, bos, fill = _ids(model, eos_id, None, bos_id)
-        session = make_session(model, [list(prompt)], max_new_tokens, pad_id=pad, bos_id=bos)
+        session = make_session(model, [list(prompt)], max_new_tokens, pad_id=pad, bos_id=bos,
+                               compile=compile)  # fmt: skip
         if temperature == 0:
             choose: Callable[[Tensor], Tensor] = lambda logits: logits.argmax(-1)  # noqa: E731
         else:
@@ -181,9 +190,9 @@ def stream(
 
 
 def _tokens(steps: Iterator[Tensor], eos: int | None) -> Iterator[int]:
-    """The ints of one row's steps, stopping before EOS; each step runs under no_grad."""
+    """The ints of one row's steps, stopping before EOS; each step runs in inference mode."""
     while True:
-        with torch.no_grad():
+        with torch.inference_mode():
             tokens = next(steps, None)
         if tokens is None or (eos is not None and int(tokens[0]) == eos):
             return

@@ -22,9 +22,10 @@ method then runs a :class:`MemorySession` on them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -36,12 +37,38 @@ __all__ = [
     "EncodedInputs",
     "MemorySession",
     "Seq2SeqSession",
+    "decoding",
     "is_seq2seq",
     "make_session",
     "model_device",
 ]
 
 Inputs = Sequence[Sequence[int]] | Tensor
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def decoding(fn: _F) -> _F:
+    """Run a decoding method under ``torch.inference_mode`` (no autograd bookkeeping at all:
+    about 15% of an eager step of a small model) and give back ordinary tensors (clones), so
+    callers may modify what they receive in place."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch.inference_mode():
+            out = fn(*args, **kwargs)
+        return _plain(out)
+
+    return run  # type: ignore[return-value]
+
+
+def _plain(out: Any) -> Any:
+    if isinstance(out, Tensor):
+        return out.clone()
+    if isinstance(out, tuple | list):
+        return type(out)(_plain(o) for o in out)
+    return out
 
 
 def is_seq2seq(model: nn.Module) -> bool:
@@ -335,15 +362,26 @@ def _ban_list(ids: object, vocab: int | None, name: str, device: torch.device) -
 
 def make_session(
     model: nn.Module, inputs: Inputs | EncodedInputs, max_new_tokens: int, *,
-    pad_id: int | None, bos_id: int | None,
+    pad_id: int | None, bos_id: int | None, compile: bool = False,
 ) -> DecoderSession | Seq2SeqSession | MemorySession:  # fmt: skip
     """The session for ``model``'s kind (see :func:`is_seq2seq`), or a
-    :class:`MemorySession` for :class:`EncodedInputs`.
+    :class:`MemorySession` for :class:`EncodedInputs`; with ``compile`` a
+    :class:`~qkv.generate.compiled.StaticDecoderSession` (decoder-only models).
 
     Raises:
-        TypeError: a model of neither kind; ValueError: as the sessions.
+        TypeError: a model of neither kind; ValueError: as the sessions, and ``compile`` for
+            a model that is not decoder-only.
     """
     positive_int("max_new_tokens", max_new_tokens)
+    if not isinstance(compile, bool):
+        raise ValueError(f"compile must be True or False, got {compile!r:.80}")
+    if compile:
+        if isinstance(inputs, EncodedInputs) or is_seq2seq(model):
+            raise ValueError("compile=True serves decoder-only models (a static KV cache); "
+                             f"{type(model).__name__} is an encoder-decoder: use compile=False")
+        from qkv.generate.compiled import StaticDecoderSession
+
+        return StaticDecoderSession(model, inputs, max_new_tokens)
     if isinstance(inputs, EncodedInputs):
         if not is_seq2seq(model):
             raise TypeError(f"EncodedInputs need an encoder-decoder model, got "

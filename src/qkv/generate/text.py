@@ -45,6 +45,7 @@ def generate(
     eos_id: int | None = None,
     pad_id: int | None = None,
     bos_id: int | None = None,
+    compile: bool = False,
 ) -> Tensor:
     """Decode ``inputs`` with beam search (``beam_size``), sampling (``temperature > 0``) or
     greedy search (the default).
@@ -53,6 +54,7 @@ def generate(
         model, inputs, max_new_tokens, eos_id, pad_id, bos_id: as :func:`greedy`.
         temperature, top_k, top_p, seed: as :func:`sample` (ignored by beam search).
         beam_size, alpha: as :func:`beam_search`.
+        compile: as :func:`greedy` (not with beam search).
 
     Returns:
         ``(B, L)`` long new tokens, EOS included, then ``pad_id``.
@@ -67,12 +69,15 @@ def generate(
             raise ValueError(
                 f"beam_size={beam_size} searches, temperature={temperature} samples: pick one"
             )
+        if compile:
+            raise ValueError("compile=True (a static KV cache) does not serve beam search; "
+                             "use compile=False with beam_size")  # fmt: skip
         out = beam_search(model, inputs, beam_size=beam_size, max_new_tokens=max_new_tokens,
                           alpha=alpha, **ids)  # fmt: skip
         assert isinstance(out, Tensor)
         return out
     return sample(model, inputs, max_new_tokens=max_new_tokens, temperature=temperature,
-                  top_k=top_k, top_p=top_p, seed=seed, **ids)  # fmt: skip
+                  top_k=top_k, top_p=top_p, seed=seed, compile=compile, **ids)  # fmt: skip
 
 
 def translate(

@@ -52,8 +52,10 @@ from qkv.models.parts import (
 )
 from qkv.nn.block import TransformerBlock
 from qkv.nn.cache import KVCache
+from qkv.nn.dropout import Dropout
 from qkv.nn.norms import make_norm
 from qkv.nn.rope_scaling import RopeScaling
+from qkv.nn.static_cache import StaticKVCache
 
 __all__ = ["DecoderLM", "DecoderLMConfig"]
 
@@ -279,7 +281,7 @@ class DecoderLM(ModelBase):
         self.pos = parts.added
         self.position_limit = parts.limit  # learned table size; None: any position works
         self.rel_bias = parts.bias  # T5's relative bias (positions="relative"), else None
-        self.drop = nn.Dropout(c.dropout)
+        self.drop = Dropout(c.dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(
                 c.d_model, c.num_heads, c.ffn_dim, num_kv_heads=c.num_kv_heads,
@@ -302,24 +304,49 @@ class DecoderLM(ModelBase):
             self.lm_head.weight = self.embed.weight
 
     def new_cache(self, batch_size: int | None = None, max_len: int | None = None, *,
-                  rolling: bool = True) -> KVCache:  # fmt: skip
-        """An empty :class:`~qkv.nn.KVCache` with one layer per block.
+                  rolling: bool = True, static: bool = False, dtype: torch.dtype | None = None,
+                  device: torch.device | str | None = None) -> KVCache | StaticKVCache:  # fmt: skip
+        """An empty cache with one layer per block.
 
         Args:
-            batch_size: accepted for symmetry; buffers take the batch size of the first step.
-            max_len: preallocate room for ``max_len`` tokens (None: grow as needed).
+            batch_size: rows ``B`` (needed with ``static``; otherwise buffers take the batch
+                size of the first step).
+            max_len: preallocate room for ``max_len`` tokens (None: grow as needed; needed
+                with ``static``).
             rolling: layers with a sliding window keep only their last ``window`` positions
                 (a rolling cache; outputs are the same); False keeps every position.
+            static: a :class:`~qkv.nn.static_cache.StaticKVCache` (one fixed shape, written
+                at slot tensors: the form ``torch.compile`` runs without recompiling) instead
+                of a :class:`~qkv.nn.KVCache`.
+            dtype, device: of a static cache's buffers (default: the parameters').
 
         Raises:
-            ValueError: ``batch_size`` or ``max_len`` not a positive int or None.
+            ValueError: ``batch_size`` or ``max_len`` not a positive int or None (not None
+                with ``static``); ``static`` for a model with sliding windows, ALiBi or a
+                relative bias, whose masks a static cache does not express.
         """
-        if batch_size is not None and (
-            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
-        ):
-            raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
-        windows = self.config.windows if rolling else None
-        return KVCache(self.config.num_layers, max_len=max_len, windows=windows)
+        for name, value in (("batch_size", batch_size), ("max_len", max_len)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):  # fmt: skip
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        c = self.config
+        if not static:
+            windows = c.windows if rolling else None
+            return KVCache(c.num_layers, max_len=max_len, windows=windows)
+        if batch_size is None or max_len is None:
+            raise ValueError("a static cache needs batch_size and max_len (its fixed shape)")
+        if any(w is not None for w in c.windows) or c.positions in ("alibi", "relative"):
+            raise ValueError(
+                f"a static cache does not support sliding windows, ALiBi or relative biases "
+                f"(this model: windows {c.windows}, positions={c.positions!r}); use "
+                "new_cache() (static=False)"
+            )
+        weight = self.embed.weight
+        return StaticKVCache(
+            c.num_layers, batch_size, max_len, c.num_kv_heads or c.num_heads, c.head_dim,
+            dtype=weight.dtype if dtype is None else dtype,
+            device=weight.device if device is None else device,
+        )
 
     def forward(
         self,
@@ -362,6 +389,9 @@ class DecoderLM(ModelBase):
         c = self.config
         B, T = check_ids("input_ids", input_ids, c.vocab_size).shape
         cache = check_cache(cache, c.num_layers)
+        if isinstance(cache, StaticKVCache):
+            return self._forward_static(input_ids, cache, attention_mask, positions,
+                                        document_ids)  # fmt: skip
         offset = 0 if cache is None else cache.length
         block_mask = None
         if document_ids is not None:
@@ -394,9 +424,42 @@ class DecoderLM(ModelBase):
                 h, mask=mask, is_causal=causal, cache=None if cache is None else cache[i],
                 positions=positions, block_mask=block_mask,
             )  # (B, T, E)
+        return self._head(h)
+
+    def _head(self, h: Tensor) -> Tensor:
+        """Final norm, ``lm_head`` and soft cap: ``(B, T, E) -> (B, T, V)``."""
+        c = self.config
         if self.norm_f is not None:
             h = self.norm_f(h)
         logits = self.lm_head(h)  # (B, T, V)
         if c.logit_softcap is not None:
             logits = c.logit_softcap * torch.tanh(logits / c.logit_softcap)  # (B, T, V)
         return logits
+
+    def _forward_static(self, input_ids: Tensor, cache: StaticKVCache,
+                        attention_mask: Tensor | None, positions: Tensor | None,
+                        document_ids: Tensor | None) -> Tensor:  # fmt: skip
+        """:meth:`forward` with a :class:`~qkv.nn.static_cache.StaticKVCache`: the new tokens
+        are written at ``cache.slots`` and attend to every slot under its keep mask, so no
+        shape depends on how many tokens came before (one compiled graph serves each step).
+        ``attention_mask`` is ``(B, L)`` over every slot; ``positions`` default to the slots."""
+        c = self.config
+        B, T = input_ids.shape
+        if document_ids is not None:
+            raise ValueError("document_ids (packed rows) cannot be combined with a cache")
+        if tuple(cache.slots.shape) != (T,):
+            raise ValueError(f"the static cache's slots {tuple(cache.slots.shape)} must have "
+                             f"one entry per new token (T={T}); call set_slots first")  # fmt: skip
+        positions = cache.slots if positions is None else positions
+        positions = check_positions(positions, B, T, max_len=self.position_limit)
+        padding = None
+        if attention_mask is not None:
+            padding = padding_keep_mask("attention_mask", attention_mask, B, cache.capacity)
+        mask = cache.keep_mask(padding)  # (B|1, 1, T, L)
+        h = self.embed(input_ids)  # (B, T, E)
+        if c.embed_scale != 1.0:
+            h = h * c.embed_scale  # (B, T, E)
+        h = self.drop(add_positions(self.pos, h, positions=positions))
+        for i, block in enumerate(self.blocks):
+            h = block(h, mask=mask, cache=cache[i], positions=positions)  # (B, T, E)
+        return self._head(h)

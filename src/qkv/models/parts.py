@@ -28,6 +28,7 @@ from qkv.nn.positions import LearnedPositionalEmbedding, SinusoidalPositionalEnc
 from qkv.nn.relative_bias import RelativePositionBias
 from qkv.nn.rope import RotaryEmbedding
 from qkv.nn.rope_scaling import RopeScaling
+from qkv.nn.static_cache import StaticKVCache
 
 __all__ = [
     "ModelBase",
@@ -336,8 +337,8 @@ def check_memory(memory: object, B: int, weight: Tensor, *, batch_of: str) -> Te
     return memory
 
 
-def check_cache(cache: object, num_layers: int) -> KVCache | None:
-    """None, or a :class:`KVCache` with one layer per block.
+def check_cache(cache: object, num_layers: int) -> KVCache | StaticKVCache | None:
+    """None, or a :class:`KVCache` (or :class:`StaticKVCache`) with one layer per block.
 
     Raises:
         TypeError: not a ``KVCache``.
@@ -345,7 +346,7 @@ def check_cache(cache: object, num_layers: int) -> KVCache | None:
     """
     if cache is None:
         return None
-    if not isinstance(cache, KVCache):
+    if not isinstance(cache, KVCache | StaticKVCache):
         raise TypeError(
             "cache must be a qkv.nn.KVCache (model.new_cache()) or None, got "
             f"{type(cache).__name__}"

@@ -54,6 +54,7 @@ from qkv.nn.core import AttentionCore
 from qkv.nn.hooks import check_flex_args
 from qkv.nn.norms import NORMS, make_norm
 from qkv.nn.rope import RotaryEmbedding
+from qkv.nn.static_cache import StaticLayerKVCache
 
 __all__ = ["Attention"]
 
@@ -220,7 +221,7 @@ class Attention(AttentionCore):
         *,
         mask: Tensor | None = None,
         is_causal: bool = False,
-        cache: LayerKVCache | None = None,
+        cache: LayerKVCache | StaticLayerKVCache | None = None,
         positions: Tensor | None = None,
         need_weights: bool = False,
         score_mod: Callable | None = None,
@@ -321,7 +322,7 @@ class Attention(AttentionCore):
         if self.k_norm is not None:
             k = self.k_norm(k)  # (B, Hkv, T, D)
         if self.rope is not None:
-            offset = 0 if cache is None else cache.length
+            offset = 0 if cache is None or positions is not None else cache.length
             q = self.rope(q, offset=offset, positions=positions)  # (B, H, T, D)
             k = self.rope(k, offset=offset, positions=positions)  # (B, Hkv, T, D)
         if cache is not None:
@@ -399,7 +400,7 @@ class Attention(AttentionCore):
                     "this module has one, so it cannot be called with a context "
                     "(cross-attention)"
                 )
-        if cache is not None and not isinstance(cache, LayerKVCache):
+        if cache is not None and not isinstance(cache, LayerKVCache | StaticLayerKVCache):
             raise TypeError(
                 f"cache must be a LayerKVCache (e.g. kv_cache[layer]) or None, got "
                 f"{type(cache).__name__}"

@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from qkv.attention.flex_blocks import BlockMask
 from qkv.nn.attention import Attention
 from qkv.nn.cache import LayerKVCache
+from qkv.nn.dropout import Dropout
 from qkv.nn.feedforward import make_feedforward
 from qkv.nn.hooks import HookPoint
 from qkv.nn.norms import make_norm
@@ -174,7 +175,7 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = norm_layer()
         self.ffn_out_norm: nn.Module | None = out_norm()
         self.sandwich_norm = sandwich_norm
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         # Identity hook points on the residual stream (see the module docstring).
         self.hook_resid_pre, self.hook_attn_out = HookPoint(), HookPoint()
         self.hook_resid_mid = HookPoint()

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from qkv.nn.dropout import Dropout
 from qkv.nn.hooks import HookPoint
 
 __all__ = ["ACTIVATIONS", "FEEDFORWARD_KINDS", "FeedForward", "GeGLU", "SwiGLU",
@@ -107,7 +108,7 @@ class FeedForward(nn.Module):
                 f"got {type(activation).__name__}"
             )
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
-        self.dropout = nn.Dropout(_check_dropout(dropout))
+        self.dropout = Dropout(_check_dropout(dropout))
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
         self.hook_hidden = HookPoint()
 
@@ -152,7 +153,7 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)
         self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
         self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
-        self.dropout = nn.Dropout(_check_dropout(dropout))
+        self.dropout = Dropout(_check_dropout(dropout))
         self.hook_hidden = HookPoint()
 
     def forward(self, x: Tensor) -> Tensor:

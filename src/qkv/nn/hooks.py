@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules import module as _module
 from torch.utils.hooks import RemovableHandle
 
 from qkv.attention.call import AttentionCall, causal_shift, make_call
@@ -66,6 +67,13 @@ class HookPoint(nn.Module):
     def forward(self, x: Any) -> Any:
         return x
 
+    def __call__(self, x: Any) -> Any:
+        # Nothing attached (the usual case, hundreds of times per decoding step): skip
+        # nn.Module's call machinery. Module-global hooks still see every call.
+        if module_hooks_attached(self):
+            return super().__call__(x)
+        return x
+
     @property
     def listening(self) -> bool:
         """Whether any hook is attached (then optional intermediates are computed)."""
@@ -80,6 +88,13 @@ class HookPoint(nn.Module):
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
         return self.register_forward_hook(lambda module, args, out: fn(out, module))
+
+
+def module_hooks_attached(module: nn.Module) -> bool:
+    """Whether a forward hook would see a call of ``module``: its own, or a module-global one
+    (``torch.nn.modules.module.register_module_forward_hook``)."""
+    return bool(module._forward_hooks or module._forward_pre_hooks
+                or _module._global_forward_hooks or _module._global_forward_pre_hooks)
 
 
 def listening(*points: HookPoint) -> bool:

@@ -1,0 +1,120 @@
+"""Decoding with a static cache and a compiled step (``generate(..., compile=True)``).
+
+:class:`StaticDecoderSession` is a :class:`~qkv.generate.session.DecoderSession` whose cache is
+a :class:`~qkv.nn.static_cache.StaticKVCache` sized for the prompt plus every new token. The
+prompt runs eagerly once; each later step feeds one token per row through
+``torch.compile(model, fullgraph=True)``: the step's shapes never change (the slot and the
+position are tensors updated in place), so the model compiles once per batch size and cache
+length, and a step makes no host synchronisation and no allocation outside the graph.
+
+Compilation needs a C++ compiler (inductor's CPU code); where it fails, the session warns once,
+says why, and decodes eagerly, with the same tokens. ``compile_seconds`` reports the time of
+the first compiled step (tracing plus code generation), apart from decoding.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from qkv.generate.session import DecoderSession, Inputs
+
+__all__ = ["StaticDecoderSession", "compiled_step"]
+
+def compiled_step(model: nn.Module) -> Any:
+    """``torch.compile(model, fullgraph=True, dynamic=False)``, made once per model (held in a
+    plain attribute, not a submodule, so ``state_dict`` and ``repr`` do not change)."""
+    step = model.__dict__.get("_qkv_compiled_step")
+    if step is None:
+        step = torch.compile(model, fullgraph=True, dynamic=False)
+        object.__setattr__(model, "_qkv_compiled_step", step)
+    return step
+
+
+class StaticDecoderSession(DecoderSession):
+    """A :class:`DecoderSession` on a static cache, with its steps compiled (``compile``) or
+    eager.
+
+    Args:
+        model: a :class:`qkv.models.DecoderLM` (``new_cache(static=True)``).
+        prompts, max_new_tokens: as :class:`DecoderSession`.
+        compile: run the steps after the prompt through ``torch.compile``.
+
+    Attributes:
+        compile_seconds: seconds the first compiled step took (None until it ran, or eager).
+        compiled: whether steps run compiled (False after a failed compile).
+
+    Raises:
+        ValueError: as :class:`DecoderSession`, and a model whose cache cannot be static.
+    """
+
+    def __init__(self, model: nn.Module, prompts: Inputs, max_new_tokens: int, *,
+                 compile: bool = True) -> None:  # fmt: skip
+        super().__init__(model, prompts, max_new_tokens)
+        P = self.ids.shape[1]
+        L = P + max_new_tokens
+        self.cache = model.new_cache(self.batch, L, static=True)
+        self.capacity, self.compiled, self.compile_seconds = L, bool(compile), None
+        if self.mask is not None:
+            full = torch.zeros((self.batch, L), dtype=torch.bool, device=self.ids.device)
+            full[:, :P] = self.mask  # (B, L): later slots are real tokens once written
+            full[:, P:] = True
+            self.mask = full
+        self.slot = torch.full((1,), P, dtype=torch.long, device=self.ids.device)  # (1,)
+        self.written = P  # slots filled, known on the host (no read of ``slot``)
+        self.step_fn = compiled_step(model) if compile else model
+
+    def first(self) -> Tensor:
+        """Run the prompts (eagerly); returns ``(B, V)`` logits of the first new token."""
+        P = self.ids.shape[1]
+        self.cache.set_slots(torch.arange(P, device=self.ids.device))
+        positions = None if self.mask is None else self.positions
+        logits = self.model(self.ids, attention_mask=self.mask, cache=self.cache,
+                            positions=positions)  # (B, P, V)  # fmt: skip
+        self.next_pos = self.positions[:, -1:] + 1  # (B, 1)
+        self.cache.set_slots(self.slot)
+        return logits[:, -1].float()  # (B, V)
+
+    def next(self, tokens: Tensor) -> Tensor:
+        """Feed ``tokens (B,)`` at the next slot; returns ``(B, V)`` logits."""
+        if self.written >= self.capacity:
+            raise ValueError(f"the static cache is full ({self.capacity} slots)")
+        positions = self.slot if self.mask is None else self.next_pos
+        logits = self._run(tokens[:, None], positions)  # (B, 1, V)
+        self.slot.add_(1)
+        self.next_pos.add_(1)
+        self.written += 1
+        return logits[:, -1].float()  # (B, V)
+
+    def _run(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        if not self.compiled or self.compile_seconds is not None:
+            return self.step_fn(tokens, attention_mask=self.mask, cache=self.cache,
+                                positions=positions)  # fmt: skip
+        start = time.perf_counter()
+        try:
+            logits = self.step_fn(tokens, attention_mask=self.mask, cache=self.cache,
+                                  positions=positions)  # fmt: skip
+        except Exception as err:  # inductor: no C++ compiler, or an unsupported platform
+            warnings.warn(
+                f"torch.compile could not compile the decoding step ({type(err).__name__}: "
+                f"{str(err).splitlines()[0][:200] if str(err) else ''}); it needs a working "
+                "C++ compiler (g++ or clang). Decoding eagerly instead (same tokens).",
+                RuntimeWarning, stacklevel=3,
+            )
+            self.compiled, self.step_fn = False, self.model
+            return self._run(tokens, positions)
+        self.compile_seconds = time.perf_counter() - start
+        return logits
+
+    def select(self, rows: Tensor) -> None:
+        """Beam search reorders rows; a static cache has a fixed batch.
+
+        Raises:
+            ValueError: always (use ``compile=False`` with beam search).
+        """
+        raise ValueError("compiled decoding (a static cache) does not support beam search; "
+                         "use compile=False with beam_size")  # fmt: skip

@@ -1,0 +1,109 @@
+"""The static KV cache and compiled decoding: the same logits and tokens as the dynamic cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qkv.generate import compiled as compiled_mod
+from qkv.generate import generate, greedy, sample
+from qkv.generate.compiled import StaticDecoderSession
+from qkv.generate.session import DecoderSession
+from qkv.models import DecoderLM, DecoderLMConfig, Seq2SeqConfig, Seq2SeqTransformer
+from qkv.nn.static_cache import StaticKVCache
+
+V = 41
+PROMPTS = [[3, 4, 5, 6, 7, 8], [9, 10], [11, 12, 13]]  # left-padded to one length
+
+
+def _model(style="llama", **kw):
+    torch.manual_seed(0)
+    make = DecoderLMConfig.llama_style if style == "llama" else DecoderLMConfig.gpt2_style
+    extra = dict(num_kv_heads=2) if style == "llama" else {}
+    return DecoderLM(make(V, d_model=32, num_layers=2, num_heads=4, max_len=64,
+                          **{**extra, **kw})).eval()  # fmt: skip
+
+
+@pytest.mark.parametrize("style", ["llama", "gpt2"])
+@pytest.mark.parametrize("prompts", [PROMPTS, [[1, 2, 3, 4]]], ids=["padded", "single"])
+def test_static_session_logits_equal_dynamic(style, prompts):
+    model = _model(style)
+    with torch.no_grad():
+        dynamic = DecoderSession(model, prompts, 6)
+        static = StaticDecoderSession(model, prompts, 6, compile=False)
+        a, b = dynamic.first(), static.first()
+        errors = [(a - b).abs().max().item()]
+        for _ in range(5):
+            tokens = a.argmax(-1)
+            a, b = dynamic.next(tokens), static.next(tokens)
+            errors.append((a - b).abs().max().item())
+    assert max(errors) <= 1e-5, f"static vs dynamic cache, max logit error per step {errors}"
+
+
+def test_compiled_greedy_equals_eager_and_compiles_once():
+    model = _model()
+    torch._dynamo.reset()
+    want = greedy(model, PROMPTS, max_new_tokens=8, eos_id=None)
+    got = greedy(model, PROMPTS, max_new_tokens=8, eos_id=None, compile=True)
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    again = greedy(model, PROMPTS, max_new_tokens=8, eos_id=None, compile=True)
+    assert torch.equal(got, want), (got.tolist(), want.tolist())
+    assert torch.equal(again, want)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames == 1, (
+        "the decode step must compile once (static shapes), got "
+        f"{torch._dynamo.utils.counters['stats']['unique_graphs']} graphs"
+    )
+
+
+def test_sampling_with_static_cache_equals_dynamic():
+    model = _model("gpt2")
+    want = sample(model, PROMPTS, max_new_tokens=6, temperature=0.8, seed=3, eos_id=None)
+    session = StaticDecoderSession(model, PROMPTS, 6, compile=False)
+    assert session.capacity == 6 + 6
+    got = generate(model, PROMPTS, max_new_tokens=6, temperature=0.8, seed=3, eos_id=None,
+                   compile=False)  # fmt: skip
+    assert torch.equal(got, want)
+
+
+def test_failed_compile_warns_and_decodes_eagerly(monkeypatch):
+    model = _model()
+
+    def broken(m):
+        def fail(*args, **kwargs):
+            raise RuntimeError("no C++ compiler found")
+        return fail
+
+    monkeypatch.setattr(compiled_mod, "compiled_step", broken)
+    want = greedy(model, PROMPTS, max_new_tokens=5, eos_id=None)
+    with pytest.warns(RuntimeWarning, match="needs a working C\\+\\+ compiler"):
+        got = greedy(model, PROMPTS, max_new_tokens=5, eos_id=None, compile=True)
+    assert torch.equal(got, want)
+
+
+def test_outputs_are_ordinary_tensors():
+    """Decoding runs in inference mode but returns tensors a caller may edit in place."""
+    out = greedy(_model(), PROMPTS, max_new_tokens=3)
+    assert not out.is_inference()
+    out[0, 0] = 1  # would raise on an inference tensor
+
+
+def test_static_cache_errors():
+    with pytest.raises(ValueError, match="static cache does not support sliding windows"):
+        _model(window=4).new_cache(1, 8, static=True)
+    with pytest.raises(ValueError, match="needs batch_size and max_len"):
+        _model().new_cache(static=True)
+    cache = _model().new_cache(2, 8, static=True)
+    assert isinstance(cache, StaticKVCache) and cache[0].k.shape == (2, 2, 8, 8)
+    with pytest.raises(ValueError, match=r"slots must lie in \[0, 8\)"):
+        cache.set_slots(torch.tensor([8]))
+    with pytest.raises(ValueError, match="one entry per new token"):
+        cache.set_slots(torch.tensor([0, 1]))
+        _model()(torch.tensor([[1, 2, 3], [1, 2, 3]]), cache=cache)
+    seq2seq = Seq2SeqTransformer(Seq2SeqConfig(20, 20, d_model=16, num_heads=2, d_ff=32,
+                                               bos_id=1, eos_id=2))  # fmt: skip
+    with pytest.raises(ValueError, match="compile=True serves decoder-only models"):
+        greedy(seq2seq, [[3, 4, 2]], max_new_tokens=3, compile=True)
+    with pytest.raises(ValueError, match="does not serve beam search"):
+        generate(_model(), PROMPTS, beam_size=2, compile=True)
+    with pytest.raises(ValueError, match="compile must be True or False"):
+        greedy(_model(), PROMPTS, compile="yes")
