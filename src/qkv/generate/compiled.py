@@ -5,7 +5,8 @@ a :class:`~qkv.nn.static_cache.StaticKVCache` sized for the prompt plus every ne
 prompt runs eagerly once; each later step feeds one token per row through
 ``torch.compile(model, fullgraph=True)``: the step's shapes never change (the slot and the
 position are tensors updated in place), so the model compiles once per batch size and cache
-length, and a step makes no host synchronisation and no allocation outside the graph.
+length bucket (``BUCKET`` slots: another prompt length in the same bucket reuses it), and a
+step makes no host synchronisation and no allocation outside the graph.
 
 Compilation needs a C++ compiler (inductor's CPU code); where it fails, the session warns once,
 says why, and decodes eagerly, with the same tokens. ``compile_seconds`` reports the time of
@@ -23,7 +24,9 @@ from torch import Tensor, nn
 
 from qkv.generate.session import DecoderSession, Inputs
 
-__all__ = ["StaticDecoderSession", "compiled_step"]
+__all__ = ["BUCKET", "StaticDecoderSession", "compiled_step"]
+
+BUCKET = 256  # cache capacities are multiples of this: one compiled graph per bucket
 
 def compiled_step(model: nn.Module) -> Any:
     """``torch.compile(model, fullgraph=True, dynamic=False)``, made once per model (held in a
@@ -56,7 +59,9 @@ class StaticDecoderSession(DecoderSession):
                  compile: bool = True) -> None:  # fmt: skip
         super().__init__(model, prompts, max_new_tokens)
         P = self.ids.shape[1]
-        L = P + max_new_tokens
+        # Capacity rounded up to a multiple of BUCKET: prompts of other lengths reuse the
+        # compiled step (unwritten slots are masked, so the extra room changes nothing).
+        L = -(-(P + max_new_tokens) // BUCKET) * BUCKET
         self.cache = model.new_cache(self.batch, L, static=True)
         self.capacity, self.compiled, self.compile_seconds = L, bool(compile), None
         if self.mask is not None:

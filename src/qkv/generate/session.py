@@ -23,6 +23,7 @@ method then runs a :class:`MemorySession` on them.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -163,7 +164,10 @@ class DecoderSession:
         # Without padding, no mask at all: the model keeps its plain causal path.
         self.mask = None if bool(keep.all()) else keep.to(device)  # (B, S) as S grows
         self.positions = (keep.long().cumsum(1) - 1).clamp(min=0).to(device)  # (B, P)
-        self.cache = model.new_cache()
+        # Room for every token up front: no step regrows (copies) the cache.
+        params = inspect.signature(model.new_cache).parameters
+        room = {"max_len": P + max_new_tokens} if "max_len" in params else {}
+        self.cache = model.new_cache(**room)
 
     def first(self) -> Tensor:
         """Run the prompts; returns ``(B, V)`` logits of the first new token."""
