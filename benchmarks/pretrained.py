@@ -16,7 +16,11 @@ Two measurements, float32 on the CPU, the same thread count for both sides (``--
    transformers' ``generate`` (``do_sample=False``, its default attention, KV cache) on the
    same GGUF loaded by transformers, float32. EOS is disabled on both sides (qkv: an id the
    model never produces; transformers: ``min_new_tokens``) so both produce exactly 128 tokens;
-   the time includes the prompt's prefill. The tokens of both are compared.
+   the time includes the prompt's prefill. The tokens of both are compared. In the same
+   alternating rounds (``--variants``): qkv with ``compile=True`` (a static cache, the step
+   through ``torch.compile``; the compile time is measured apart, before the rounds) and qkv
+   on weight-only int8 / int4 copies (``load(..., quantize=)``), each compared with qkv eager.
+   Then the per-token decode time after 128 and after 2048 tokens of context (``context``).
 3. **Whisper tiny.en transcription**: the same clips (espeak-ng speech: five sentences, and
    one ~45 s clip of all of them with pauses, decoded as two 30 s windows), greedy, without
    timestamps, from 16 kHz samples: qkv's ``SpeechBundle.transcribe`` against transformers'
@@ -38,7 +42,7 @@ import json
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -112,7 +116,10 @@ def bench_minilm(n: int, repeats: int) -> dict:
     }
 
 
-def bench_smollm2(prompt_len: int, new: int, repeats: int) -> dict:
+def bench_smollm2(prompt_len: int, new: int, repeats: int, variants: Sequence[str]) -> dict:
+    """Greedy generation, qkv eager against transformers, plus each of ``variants``
+    (``"compiled"``: ``compile=True``; ``"int8"``/``"int4"``: weight-only quantised copies)
+    in the same alternating rounds. Compile time is measured apart (the first call)."""
     import transformers
 
     bundle = qkv.pretrained.load("SmolLM2-135M-Instruct")
@@ -124,8 +131,11 @@ def bench_smollm2(prompt_len: int, new: int, repeats: int) -> dict:
     never = bundle.config.vocab_size  # an eos id no step can produce: exactly `new` tokens
     out: dict[str, list[int]] = {}
 
-    def ours() -> None:
-        out["qkv"] = greedy(bundle.model, [prompt], max_new_tokens=new, eos_id=never)[0].tolist()
+    def run(name: str, model: torch.nn.Module, **options: object) -> Callable[[], None]:
+        def go() -> None:
+            out[name] = greedy(model, [prompt], max_new_tokens=new, eos_id=never,
+                               **options)[0].tolist()  # fmt: skip
+        return go
 
     def theirs() -> None:
         with torch.no_grad():
@@ -133,10 +143,23 @@ def bench_smollm2(prompt_len: int, new: int, repeats: int) -> dict:
                                do_sample=False)  # fmt: skip
         out["transformers"] = ids[0, len(prompt):].tolist()
 
-    times = alternate({"qkv": ours, "transformers": theirs}, repeats)
-    a, b = out["qkv"], out["transformers"]
-    agree = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
-    return {
+    fns: dict[str, Callable[[], None]] = {"qkv": run("qkv", bundle.model), "transformers": theirs}
+    extra: dict[str, object] = {}
+    if "compiled" in variants:
+        fns["qkv compiled"] = run("qkv compiled", bundle.model, compile=True)
+        start = time.perf_counter()
+        fns["qkv compiled"]()  # compiles (the timed rounds reuse it)
+        extra["compile_s"] = time.perf_counter() - start
+    for mode in ("int8", "int4"):
+        if mode in variants:
+            model = qkv.pretrained.load("SmolLM2-135M-Instruct", quantize=mode).model
+            fns[f"qkv {mode}"] = run(f"qkv {mode}", model)
+    times = alternate(fns, repeats)
+
+    def agree(a: list[int], b: list[int]) -> int:
+        return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+
+    record = {
         "label": f"SmolLM2 greedy {len(prompt)} -> {new} (tokens/s)",
         "what": f"SmolLM2-135M-Instruct: greedy, prompt {len(prompt)} -> {new} new tokens "
                 "(tokens/s)",
@@ -144,7 +167,48 @@ def bench_smollm2(prompt_len: int, new: int, repeats: int) -> dict:
         "reference": summarise(times["transformers"], new),
         "reference_name": f"transformers {transformers.__version__} generate, "
                           f"{ref.config._attn_implementation}",
-        "tokens_equal_prefix": agree,
+        "tokens_equal_prefix": agree(out["qkv"], out["transformers"]),
+        "variants": {},
+        **extra,
+    }
+    for name in fns:
+        if name.startswith("qkv "):
+            record["variants"][name] = {**summarise(times[name], new),
+                                        "tokens_equal_prefix": agree(out[name], out["qkv"])}
+    return record
+
+
+def bench_context(contexts: Sequence[int], steps: int, repeats: int) -> dict:
+    """Per-token decode time of SmolLM2 (eager, one row) after ``contexts`` tokens of cache:
+    the ratio of the longest to the shortest says how flat decoding stays in context."""
+    from qkv.generate.session import DecoderSession
+
+    model = qkv.pretrained.load("SmolLM2-135M-Instruct").model
+    per_token: dict[int, list[float]] = {n: [] for n in contexts}
+    sessions = {}
+    with torch.inference_mode():
+        for n in contexts:
+            prompt = [(i * 37) % 1000 + 10 for i in range(n)]
+            sessions[n] = DecoderSession(model, [prompt], steps * (repeats + 1) + 1)
+            sessions[n].first()
+        token = torch.tensor([42])
+        for n in contexts:  # warm-up
+            for _ in range(steps):
+                sessions[n].next(token)
+        for _ in range(repeats):
+            for n in contexts:  # alternating, as every other measurement here
+                start = time.perf_counter()
+                for _ in range(steps):
+                    sessions[n].next(token)
+                per_token[n].append((time.perf_counter() - start) / steps)
+    lo, hi = min(contexts), max(contexts)
+    return {
+        "label": f"SmolLM2 decode step, context {lo} vs {hi} (ms/token)",
+        "ms_per_token": {n: {"min": 1e3 * min(v), "median": 1e3 * statistics.median(v)}
+                         for n, v in per_token.items()},
+        "ratio_longest_over_shortest_min": min(per_token[hi]) / min(per_token[lo]),
+        "ratio_longest_over_shortest_median": (statistics.median(per_token[hi])
+                                               / statistics.median(per_token[lo])),
     }
 
 
@@ -289,7 +353,8 @@ def report(console: Console, config: dict, records: list[dict]) -> None:
     for col in ("benchmark", "reference", "qkv best", "ref best", "ratio best", "qkv median",
                 "ref median", "ratio median"):
         table.add_column(col, justify="left" if col in ("benchmark", "reference") else "right")
-    for r in records:
+    compared = [r for r in records if "reference" in r]
+    for r in compared:
         q, ref = r["qkv"], r["reference"]
         table.add_row(
             r["label"], r["reference_name"], f"{q['best_per_s']:.1f}", f"{ref['best_per_s']:.1f}",
@@ -298,11 +363,26 @@ def report(console: Console, config: dict, records: list[dict]) -> None:
         )
     console.print(table)
     for r in records:
+        if "ms_per_token" in r:  # bench_context
+            steps = ", ".join(f"{n}: {v['min']:.1f} (median {v['median']:.1f})"
+                              for n, v in r["ms_per_token"].items())  # fmt: skip
+            console.print(f"{r['label']}: {steps}; longest/shortest "
+                          f"{r['ratio_longest_over_shortest_min']:.2f}x (min), "
+                          f"{r['ratio_longest_over_shortest_median']:.2f}x (median)")
+            continue
+        ref = r["reference"]
         keys = ("max_abs_diff", "tokens_equal_prefix", "texts_equal", "log_mel_max_abs_diff",
                 "faster_whisper_name", "texts_equal_faster_whisper",
-                "qkv_over_faster_whisper_best")
+                "qkv_over_faster_whisper_best", "compile_s")
         extra = {k: r[k] for k in keys if k in r}
         console.print(f"{r['what']}: {extra}")
+        for name, v in r.get("variants", {}).items():
+            console.print(
+                f"  {name}: best {v['best_per_s']:.1f}/s "
+                f"({v['best_per_s'] / ref['best_per_s']:.2f}x transformers), "
+                f"median {v['median_per_s']:.1f}/s "
+                f"({v['median_per_s'] / ref['median_per_s']:.2f}x); tokens equal to qkv eager "
+                f"for the first {v['tokens_equal_prefix']}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -311,7 +391,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
                         help="torch threads for both sides (default: torch's choice)")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs each (3; quick 1)")
-    parser.add_argument("--only", choices=("minilm", "smollm2", "whisper"), default=None)
+    parser.add_argument("--only", choices=("minilm", "smollm2", "context", "whisper"),
+                        default=None)  # fmt: skip
+    parser.add_argument("--variants", default="compiled,int8,int4",
+                        help="extra qkv generation variants, comma-separated: compiled, int8, "
+                             "int4 (empty: none)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="where to write the JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -322,7 +406,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.only in (None, "minilm"):
         records.append(bench_minilm(32 if args.quick else 256, repeats))
     if args.only in (None, "smollm2"):
-        records.append(bench_smollm2(32, 8 if args.quick else 128, repeats))
+        variants = [v for v in args.variants.split(",") if v]
+        records.append(bench_smollm2(32, 8 if args.quick else 128, repeats, variants))
+    if args.only in (None, "context"):
+        contexts = (128, 512) if args.quick else (128, 2048)
+        records.append(bench_context(contexts, 4 if args.quick else 16, repeats))
     if args.only in (None, "whisper"):
         records.append(bench_whisper(repeats, args.threads, args.quick))
     report(Console(width=160), config, records)
