@@ -414,9 +414,10 @@ class Attention(AttentionCore):
                 f"{name} must have shape (B, {'T' if name == 'x' else 'S'}, {symbol}={width}), "
                 f"got {_shape(t)}"
             )
-        weight = self.q_proj.weight
-        if t.dtype != weight.dtype and not torch.is_autocast_enabled(t.device.type):
+        # A weight-only quantised projection (qkv.nn.quantized) computes in weight_dtype.
+        dtype = getattr(self.q_proj, "weight_dtype", None) or self.q_proj.weight.dtype
+        if t.dtype != dtype and not torch.is_autocast_enabled(t.device.type):
             raise TypeError(
-                f"{name} has dtype {t.dtype} but the module's parameters are {weight.dtype}; "
-                f"cast one of them (module.to({t.dtype}) or {name}.to({weight.dtype}))"
+                f"{name} has dtype {t.dtype} but the module's parameters are {dtype}; "
+                f"cast one of them (module.to({t.dtype}) or {name}.to({dtype}))"
             )

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from qkv.checkpoint import is_qkv_checkpoint
 from qkv.data.files import BadFileError, MissingFileError
+from qkv.nn.quantized import MODES, quantize_
 from qkv.pretrained.bundle import DecoderBundle, EncoderBundle
 from qkv.pretrained.errors import INSTALL
 from qkv.pretrained.whisper import SpeechBundle
@@ -168,7 +169,7 @@ def _load_path(path: Path, name: str) -> Bundle:
     )
 
 
-def load(name_or_path: str | os.PathLike) -> Bundle:
+def load(name_or_path: str | os.PathLike, *, quantize: str | None = None) -> Bundle:
     """Load a pretrained model with its tokenizer, offline.
 
     Every file is checked before it is trusted: a config is compared with the tensor shapes
@@ -180,6 +181,12 @@ def load(name_or_path: str | os.PathLike) -> Bundle:
         name_or_path: a packaged name (see :func:`known_names`), or a path to a Hugging
             Face-format folder (BERT, GPT-2 or Llama family), a CTranslate2 Whisper folder, a
             qkv checkpoint folder, a ``.gguf`` file (Llama family) or a folder holding one.
+        quantize: None (float32), ``"int8"`` or ``"int4"``: the model's linear layers get
+            weight-only quantised weights (:func:`qkv.nn.quantized.quantize_`; the embedding
+            stays float). For decoding on a CPU: int8 reads 4x fewer bytes per weight (1.7x
+            faster greedy SmolLM2-135M eager, 2.4x with ``compile=True``, on this project's
+            2-core machine); int4 halves that again but its unpacking is slower than float32
+            there. Checked before anything is read.
 
     Returns:
         An :class:`~qkv.pretrained.bundle.EncoderBundle` (``.encode(texts)``), a
@@ -198,6 +205,17 @@ def load(name_or_path: str | os.PathLike) -> Bundle:
         ImportError: a package that is needed is missing (the message is the install command).
         TypeError: ``name_or_path`` is neither a string nor a path.
     """
+    if quantize is not None and quantize not in MODES:
+        raise ValueError(f"quantize must be None or one of {MODES}, got {quantize!r:.80}")
+    bundle = _load(name_or_path)
+    if quantize is not None:
+        quantize_(bundle.model, quantize)
+        if isinstance(getattr(bundle, "source", None), dict):
+            bundle.source = {**bundle.source, "quantize": quantize}
+    return bundle
+
+
+def _load(name_or_path: str | os.PathLike) -> Bundle:
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise TypeError(
             f"name_or_path must be a model name or a path, got {type(name_or_path).__name__}"
