@@ -78,7 +78,7 @@ HOSTILE = [
     (["translate", "TRUNC", "x"], ["model.safetensors"]),
     (["translate", "CKPT", "x", "--beam", "0"], ["--beam"]),
     (["translate", "CKPT", "x", "--max-new-tokens", "0"], ["--max-new-tokens"]),
-    (["translate", "CKPT"], ["texts"]),
+    (["translate", "CKPT"], ["give at least one text to translate", "--input FILE"]),
     # eval
     (["eval", MARKUP], [MARKUP]),
     (["eval", "TRUNC"], ["model.safetensors"]),
@@ -98,7 +98,7 @@ HOSTILE = [
     # generate
     (["generate", "--model", MARKUP, "-p", "hi"], [MARKUP]),
     (["generate", MARKUP, "-p", "hi"], [MARKUP]),
-    (["generate", "CKPT"], ["--prompt"]),
+    (["generate", "CKPT"], ["give at least one prompt", "--input FILE"]),
     (["generate", "CKPT", "--model", MARKUP, "-p", "hi"], ["CHECKPOINT", "--model", "both"]),
     (["generate", "TRUNC", "-p", "hi"], ["model.safetensors"]),
     (["generate", "LOOSE", "-p", "hi"], ["loose.safetensors"]),
@@ -127,11 +127,11 @@ HOSTILE = [
     (["transcribe", "UNDER"], ["sub", "does not exist"]),
     (["transcribe", "FILE", "--beam-size", "0"], ["--beam-size"]),
     (["transcribe", "FILE", "--align", "UNDER"], ["--align", "is a file, not a folder"]),
-    (["transcribe"], ["files"]),
+    (["transcribe"], ["give at least one audio file", "--input FILE"]),
     # embed
     (["embed", "--model", MARKUP, "x"], [MARKUP]),
     (["embed", "--batch-size", "0", "x"], ["--batch-size"]),
-    (["embed"], ["texts"]),
+    (["embed"], ["give at least one text", "--input FILE"]),
     # bench (all refused before anything is timed)
     (["bench", "--lengths", "abc"], ["--lengths"]),
     (["bench", "--dtypes", "int8"], ["--dtypes"]),

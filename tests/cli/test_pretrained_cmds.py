@@ -119,7 +119,7 @@ def test_embed_errors():
     _fails(["embed", "--model", "no-such-model", "x"], "known names: ['all-MiniLM-L6-v2'")
     _fails(["embed", "--model", SMOL, "x"], "is a language model, not a sentence encoder")
     bad = runner.invoke(app, ["embed"])
-    assert bad.exit_code == 2 and "Missing argument" in bad.output
+    assert bad.exit_code == 2 and "give at least one text" in bad.output
 
 
 # ---------------------------------------------------------------- qkv generate, pretrained
@@ -150,7 +150,7 @@ def test_generate_model_errors():
     _fails(["generate", "--model", "no-such-model", "-p", "hi"],
            "known names: ['all-MiniLM-L6-v2', 'SmolLM2-135M-Instruct', 'whisper-tiny.en']")  # fmt: skip
     _fails(["generate", "--model", MINILM, "-p", "hi"], "is a sentence encoder")
-    _fails(["generate", "--model", SMOL], "give at least one --prompt")
+    _fails(["generate", "--model", SMOL], "give at least one prompt: --prompt TEXT")
     _fails(["generate", "-m", SMOL, "-p", "hi", "--beam", "2", "-t", "0.5"],
            "--beam 2 searches and --temperature 0.5 samples: pick one")  # fmt: skip
 

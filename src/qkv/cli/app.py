@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 from types import ModuleType
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
@@ -96,15 +96,36 @@ class QkvGroup(TyperGroup):
 app = typer.Typer(
     name="qkv",
     cls=QkvGroup,
-    help=(
-        "qkv: attention and the transformer, end to end, exact, fast and visible.\n\n"
-        "[bold]Example:[/bold] qkv tour"
-    ),
     no_args_is_help=True,
     rich_markup_mode="rich",
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"qkv {version('qkv')}")
+        except PackageNotFoundError:  # run from a source tree that is not installed
+            print("qkv (not installed: no version metadata)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    show_version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print qkv's version and exit.",
+    )] = False,
+) -> None:
+    """qkv: attention and the transformer, end to end, exact, fast and visible.
+
+    [bold]Example:[/bold] qkv tour
+    """
+
 
 for _module in COMMANDS:
     app.command(name=_module.NAME)(guard(_module.command))

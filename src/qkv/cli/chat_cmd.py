@@ -14,6 +14,8 @@ part already shown stays in the conversation); at the prompt it leaves.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -83,6 +85,23 @@ class Conversation:
         reply = "".join(pieces)
         self.messages = [*turn, {"role": "assistant", "content": reply}]
         return reply
+
+
+def terminal_reader() -> Callable[[], str]:
+    """``read_line`` for a terminal: Python's ``input()`` with GNU readline loaded where the
+    platform has it, so arrow keys edit the line and recall earlier ones (history lives for
+    the session only: nothing is written to disk). Returns "" at end of input (Ctrl-D)."""
+    # Importing readline is what turns line editing on; without it (Windows) input() works.
+    with contextlib.suppress(ImportError):
+        importlib.import_module("readline")
+
+    def read_line() -> str:
+        try:
+            return input() + "\n"
+        except EOFError:
+            return ""
+
+    return read_line
 
 
 def run_chat(
@@ -181,7 +200,8 @@ def command(
     console.print(f"chatting with {bundle.name} ({how}, at most {max_new_tokens} tokens a "
                   f"reply); {HELP_LINE}", markup=False)  # fmt: skip
     try:
-        run_chat(conversation, sys.stdin.readline, sys.stdout, echo=not sys.stdin.isatty(),
-                 errors=console)  # fmt: skip
+        tty = sys.stdin.isatty()
+        run_chat(conversation, terminal_reader() if tty else sys.stdin.readline, sys.stdout,
+                 echo=not tty, errors=console)  # fmt: skip
     except KeyboardInterrupt:  # Ctrl-C at the prompt leaves quietly
         sys.stdout.write("\n")

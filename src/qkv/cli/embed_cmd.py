@@ -6,6 +6,7 @@ L2-normalised, the same as sentence-transformers); :func:`print_table` only form
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -15,6 +16,8 @@ from rich.table import Column, Table
 from torch import Tensor
 
 from qkv.cli.common import status
+from qkv.cli.inputs import read_items
+from qkv.cli.outputs import EMBEDDING_FORMATS, print_jsonl, write_embeddings
 
 __all__ = ["command", "print_table", "short"]
 
@@ -56,26 +59,56 @@ def print_table(texts: list[str], embeddings: Tensor, cosine: Tensor, console: C
 
 
 def command(
-    texts: Annotated[list[str], typer.Argument(help="The texts to embed (one or more).")],
+    texts: Annotated[list[str] | None, typer.Argument(
+        help="The texts to embed (one or more; '-' reads standard input, one per line).",
+        show_default=False,
+    )] = None,
     model: Annotated[str, typer.Option(
         "--model", "-m", help="A sentence encoder: packaged name or Hugging Face-format folder.",
     )] = "all-MiniLM-L6-v2",
     batch_size: Annotated[int, typer.Option(
         "--batch-size", min=1, help="Texts per forward pass.",
     )] = 32,
+    input_file: Annotated[Path | None, typer.Option(
+        "--input", "-i", help="A UTF-8 file of texts, one per line ('-': standard input).",
+        show_default=False,
+    )] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Save the embeddings: .npy (N, E) float32, .jsonl ({text, "
+        "embedding} per line) or .safetensors (tensor 'embeddings', texts in the metadata).",
+        show_default=False,
+    )] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print one JSON object per text ({\"text\", \"embedding\"}) instead "
+        "of the similarity table.",
+    )] = False,
 ) -> None:
     """Embed texts with a sentence encoder and print their cosine-similarity table.
 
     [bold]Example:[/bold] qkv embed "A cat sits on the mat." "A kitten rests on a rug."
     "Stock prices fell."
+
+    [bold]Example:[/bold] qkv embed --input sentences.txt --out vectors.npy
     """
     from qkv import pretrained
 
+    items = read_items(texts, input_file, what="text")
+    if out is not None and out.suffix.lower() not in EMBEDDING_FORMATS:  # before any work
+        raise ValueError(f"--out {out}: unknown extension {out.suffix or '(none)'!r}; expected "
+                         f"one of {', '.join(EMBEDDING_FORMATS)}")  # fmt: skip
     console = Console(highlight=False)
     stderr = Console(stderr=True, highlight=False)
     # Expected failures (ValueError, OSError, ...) become one line in common.guard.
     with status(stderr, f"loading {model} ..."):
         bundle = pretrained.load(model)
-    with status(stderr, f"embedding {len(texts)} texts ..."):
-        embeddings, cosine = pretrained.embed(texts, bundle, batch_size=batch_size)
-    print_table(list(texts), embeddings, cosine, console)
+    with status(stderr, f"embedding {len(items)} texts ..."):
+        embeddings, cosine = pretrained.embed(items, bundle, batch_size=batch_size)
+    if out is not None:
+        write_embeddings(out, items, embeddings)
+        stderr.print(f"wrote {len(items)} embeddings ({embeddings.shape[1]} floats each) to "
+                     f"{out}", markup=False)  # fmt: skip
+    if as_json:
+        print_jsonl({"text": t, "embedding": row}
+                    for t, row in zip(items, embeddings.tolist(), strict=True))  # fmt: skip
+    elif out is None:
+        print_table(items, embeddings, cosine, console)

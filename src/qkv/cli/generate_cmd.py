@@ -20,6 +20,7 @@ text only, one block per prompt) on stdout.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,7 +28,9 @@ import typer
 from rich.console import Console
 
 from qkv.checkpoint import is_qkv_checkpoint
-from qkv.cli.common import Seed, Temperature, TopK, TopP, fail, status
+from qkv.cli.common import Seed, Temperature, TopK, TopP, status
+from qkv.cli.inputs import read_items
+from qkv.cli.outputs import print_jsonl
 
 __all__ = [
     "Source",
@@ -39,6 +42,13 @@ __all__ = [
 ]
 
 NAME = "generate"
+
+
+class Quantize(str, Enum):
+    """``--quantize`` choices (:data:`qkv.nn.quantized.MODES`)."""
+
+    int8 = "int8"
+    int4 = "int4"
 DECODER_DEFAULT_TOKENS = 64  # --max-new-tokens for language models when not given
 
 
@@ -93,18 +103,23 @@ def resolve_source(checkpoint: str | None, model: str | None) -> Source:
 
 def decoding_options(
     temperature: float, top_k: int | None, top_p: float | None, seed: int | None,
-    beam: int | None,
+    beam: int | None, compile: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """The keyword arguments of :func:`qkv.generate.generate` for these command options.
 
     Raises:
-        ValueError: ``--beam`` together with ``--temperature > 0`` (search or sample: pick one).
+        ValueError: ``--beam`` together with ``--temperature > 0`` (search or sample: pick one)
+            or with ``--compile``.
     """
     if beam is not None and temperature > 0:
         raise ValueError(
             f"--beam {beam} searches and --temperature {temperature} samples: pick one"
         )
+    if beam is not None and compile:
+        raise ValueError(f"--compile (a static KV cache) does not serve --beam {beam}; drop one")
     options: dict[str, Any] = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    if compile:
+        options["compile"] = True
     if beam is not None:
         options = dict(beam_size=beam)
     return options
@@ -112,7 +127,7 @@ def decoding_options(
 
 def generate_from_checkpoint(
     path: str | Path, prompts: list[str], *, max_new_tokens: int | None = None,
-    add_bos: bool = True, **options: Any,
+    add_bos: bool = True, quantize: str | None = None, **options: Any,
 ) -> list[str]:  # fmt: skip
     """Decode ``prompts`` with a qkv checkpoint's model and tokenizers.
 
@@ -123,8 +138,10 @@ def generate_from_checkpoint(
             leaves less room within the model's ``max_len``), ``2 * source length + 10`` for
             a Seq2SeqTransformer (capped by the model's ``max_len``).
         add_bos: start a DecoderLM's prompt with BOS (as :func:`qkv.generate.complete`).
+        quantize: None, ``"int8"`` or ``"int4"``: weight-only quantised linears
+            (:func:`qkv.nn.quantized.quantize_`).
         **options: :func:`decoding_options`' result (temperature, top_k, top_p, seed, or
-            beam_size).
+            beam_size; ``compile``).
 
     Returns:
         ``B`` strings: the new text of each prompt (a translation for a Seq2SeqTransformer).
@@ -139,6 +156,10 @@ def generate_from_checkpoint(
 
     ckpt = load_checkpoint(path)
     model, toks = ckpt.model.eval(), ckpt.tokenizers
+    if quantize is not None:
+        from qkv.nn.quantized import quantize_
+
+        quantize_(model, quantize)
     if isinstance(model, Seq2SeqTransformer):
         if "src" not in toks or "tgt" not in toks:
             raise ValueError(f"{path}: a Seq2SeqTransformer checkpoint needs tokenizers 'src' "
@@ -188,10 +209,7 @@ def generate_from_bundle(
     if not isinstance(bundle, DecoderBundle):
         raise ValueError(f"{bundle.name!r} is a sentence encoder, not a language model; "
                          "try: qkv embed --model ...")  # fmt: skip
-    has_template = bool(getattr(bundle.tokenizer, "chat_template", None))
-    if chat and not has_template:
-        raise ValueError(f"{bundle.name!r} has no chat template; use --no-chat")
-    use_chat = has_template if chat is None else chat
+    use_chat = _use_chat(bundle, chat)
     limit = getattr(getattr(bundle.model, "config", None), "max_len", None)
     beam = options.pop("beam_size", None)
     out = []
@@ -209,13 +227,34 @@ def generate_from_bundle(
     return out
 
 
+def _use_chat(bundle: Any, chat: bool | None) -> bool:
+    """Whether prompts go through the chat template (``--chat/--no-chat``, default: if any).
+
+    Raises:
+        ValueError: a sentence encoder, or ``--chat`` without a chat template.
+    """
+    from qkv.pretrained import DecoderBundle
+
+    if not isinstance(bundle, DecoderBundle):
+        raise ValueError(f"{bundle.name!r} is a sentence encoder, not a language model; "
+                         "try: qkv embed --model ...")  # fmt: skip
+    has_template = bool(getattr(bundle.tokenizer, "chat_template", None))
+    if chat and not has_template:
+        raise ValueError(f"{bundle.name!r} has no chat template; use --no-chat")
+    return has_template if chat is None else chat
+
+
 def command(
     checkpoint: Annotated[str | None, typer.Argument(
         help="A qkv checkpoint folder (or the run folder `qkv train` wrote: best/ or last/ "
              "inside is used).", show_default=False,
     )] = None,
     prompt: Annotated[list[str] | None, typer.Option(
-        "--prompt", "-p", help="Text to continue, answer or translate; repeat for several.",
+        "--prompt", "-p", help="Text to continue, answer or translate; repeat for several; "
+        "'-' reads it from standard input.", show_default=False,
+    )] = None,
+    input_file: Annotated[Path | None, typer.Option(
+        "--input", "-i", help="A UTF-8 file of prompts, one per line ('-': standard input).",
         show_default=False,
     )] = None,
     model: Annotated[str | None, typer.Option(
@@ -242,6 +281,22 @@ def command(
     bos: Annotated[bool, typer.Option(
         "--bos/--no-bos", help="Checkpoints of language models: start the prompt with BOS.",
     )] = True,
+    stream: Annotated[bool, typer.Option(
+        "--stream", help="Pretrained language models: print tokens as they come, then "
+        "tokens/s on stderr.",
+    )] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print one JSON object per prompt ({\"prompt\", \"text\"}), one per "
+        "line.",
+    )] = False,
+    compile: Annotated[bool, typer.Option(
+        "--compile", help="Decoder-only models: a static KV cache and torch.compile for the "
+        "decoding steps (the first run compiles; needs a C++ compiler, else eager).",
+    )] = False,
+    quantize: Annotated[Quantize | None, typer.Option(
+        "--quantize", help="Weight-only quantised linears (int8: 4x fewer bytes a weight, "
+        "faster decoding on a CPU).", show_default=False,
+    )] = None,
 ) -> None:
     """Generate text from a checkpoint `qkv train` wrote, or from a pretrained model.
 
@@ -252,28 +307,77 @@ def command(
     [bold]Example:[/bold] qkv generate --model SmolLM2-135M-Instruct --prompt "What is attention?"
 
     [bold]Example:[/bold] qkv generate runs/copy/best --prompt "hello" --beam 4
+
+    [bold]Example:[/bold] echo "Tell me a joke." | qkv generate -m SmolLM2-135M-Instruct -p -
+    --stream
+
+    [bold]Example:[/bold] qkv generate -m SmolLM2-135M-Instruct --input prompts.txt --json
+    --quantize int8
     """
     # Expected failures (ValueError, OSError, ...) become one line in common.guard.
     console = Console(stderr=True, highlight=False)
-    if not prompt:
-        raise fail("give at least one --prompt TEXT")
+    prompts = read_items(prompt, input_file, what="prompt", per_line=False,
+                         given_as="--prompt TEXT")  # fmt: skip
     source = resolve_source(checkpoint, model)
-    options = decoding_options(temperature, top_k, top_p, seed, beam)
+    options = decoding_options(temperature, top_k, top_p, seed, beam, compile)
+    mode = None if quantize is None else quantize.value
+    if stream and (source.kind != "pretrained" or beam is not None or as_json):
+        raise ValueError("--stream prints a pretrained language model's tokens as they come; "
+                         "not with a checkpoint, --beam or --json")  # fmt: skip
     if source.note:
         console.print(source.note, markup=False)
     if source.kind == "checkpoint":
         with status(console, f"loading {source.location} and generating ..."):
-            texts = generate_from_checkpoint(source.location, prompt, add_bos=bos,
-                                             max_new_tokens=max_new_tokens, **options)
+            texts = generate_from_checkpoint(source.location, prompts, add_bos=bos,
+                                             max_new_tokens=max_new_tokens, quantize=mode,
+                                             **options)  # fmt: skip
     else:
         from qkv import pretrained
 
         with status(console, f"loading {source.location} ..."):
-            bundle = pretrained.load(source.location)
+            bundle = pretrained.load(source.location, **({"quantize": mode} if mode else {}))
+        if stream:
+            stream_from_bundle(bundle, prompts, max_new_tokens=max_new_tokens, chat=chat,
+                               console=console, **options)  # fmt: skip
+            return
         with status(console, "generating ..."):
-            texts = generate_from_bundle(bundle, prompt, max_new_tokens=max_new_tokens,
+            texts = generate_from_bundle(bundle, prompts, max_new_tokens=max_new_tokens,
                                          chat=chat, **options)  # fmt: skip
-    for i, (p, text) in enumerate(zip(prompt, texts, strict=True)):
-        if len(prompt) > 1:  # several prompts: a header line before each answer
+    if as_json:
+        print_jsonl({"prompt": p, "text": t} for p, t in zip(prompts, texts, strict=True))
+        return
+    for i, (p, text) in enumerate(zip(prompts, texts, strict=True)):
+        if len(prompts) > 1:  # several prompts: a header line before each answer
             print(("\n" if i else "") + f"> {p}")
         print(text, flush=True)
+
+
+def stream_from_bundle(
+    bundle: Any, prompts: list[str], *, max_new_tokens: int | None, chat: bool | None,
+    console: Console, **options: Any,
+) -> list[str]:  # fmt: skip
+    """Print each prompt's new text piece by piece as it is decoded (stdout), then the
+    speed (stderr): ``N tokens in S s (T tokens/s)``. Returns the texts (equal to
+    :func:`generate_from_bundle`'s)."""
+    import time
+
+    from qkv.generate.args import default_new_tokens
+
+    use_chat = _use_chat(bundle, chat)
+    limit = getattr(getattr(bundle.model, "config", None), "max_len", None)
+    texts = []
+    for i, prompt in enumerate(prompts):
+        if len(prompts) > 1:
+            print(("\n" if i else "") + f"> {prompt}", flush=True)
+        ids = bundle.prompt_ids([{"role": "user", "content": prompt}] if use_chat else prompt)
+        n = max_new_tokens or default_new_tokens(limit, len(ids), DECODER_DEFAULT_TOKENS)
+        start, pieces, tokens = time.perf_counter(), [], []
+        for piece in bundle.stream(ids, n, counter=tokens, **options):
+            pieces.append(piece)
+            print(piece, end="", flush=True)
+        seconds = time.perf_counter() - start
+        print(flush=True)
+        texts.append("".join(pieces))
+        console.print(f"{len(tokens)} tokens in {seconds:.2f} s ({len(tokens) / seconds:.1f} "
+                      "tokens/s, the prompt's prefill included)", markup=False)  # fmt: skip
+    return texts

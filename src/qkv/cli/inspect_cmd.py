@@ -23,6 +23,7 @@ from rich.markup import escape
 
 from qkv.checkpoint import is_qkv_checkpoint, load_checkpoint
 from qkv.cli.common import status
+from qkv.cli.inputs import read_stdin
 from qkv.cli.inspect_speech import inspect_speech
 
 __all__ = ["Prepared", "add_generation", "command", "load_model", "prepare_inputs"]
@@ -52,6 +53,10 @@ def load_model(name: str) -> tuple[Any, torch.nn.Module, Any, Any]:
             is missing).
     """
     path = Path(name).expanduser()
+    if path.is_dir() and not is_qkv_checkpoint(path):
+        # a run folder `qkv train` wrote: its best/ (else last/) checkpoint, as generate does
+        path = next((path / sub for sub in ("best", "last") if is_qkv_checkpoint(path / sub)),
+                    path)  # fmt: skip
     if path.is_dir() and is_qkv_checkpoint(path):
         ck = load_checkpoint(path)
         toks = ck.tokenizers
@@ -149,7 +154,8 @@ def command(
              "Hugging Face-format folder, .gguf file).", metavar="CHECKPOINT_OR_MODEL_NAME",
     )],
     text: Annotated[str, typer.Argument(
-        help="The input text (for a speech model such as whisper-tiny.en: an audio file).",
+        help="The input text ('-': read it from standard input; for a speech model such as "
+             "whisper-tiny.en: an audio file).",
     )],
     target: Annotated[str | None, typer.Option(
         "--target", help="Target text for an encoder-decoder (default: its greedy output).",
@@ -166,6 +172,9 @@ def command(
     )] = 0,
 ) -> None:
     """Draw a model's attention for one text: PNGs, the last token's journey, the viewer.
+
+    MODEL may be a qkv checkpoint, a run folder `qkv train` wrote (its best/ or last/
+    checkpoint) or a pretrained model.
 
     Writes into --out: a layers × heads grid per attention kind, heatmaps of single heads,
     the rollout, an encoder-decoder's alignment, masks, positions, trace.txt/trace.json and
@@ -184,6 +193,8 @@ def command(
     # Expected failures (ValueError, OSError, ...) become one line in common.guard. Tokens,
     # names and paths are the user's: printed as text, never as rich markup.
     console = Console(highlight=False, soft_wrap=True)  # paths are never broken across lines
+    if text == "-":
+        text = read_stdin(per_line=False, what="TEXT")[0]
     with status(console, f"loading {model} ..."):
         bundle, net, src_tok, tgt_tok = load_model(model)
     if getattr(net, "encodes_tokens", True) is False:  # a speech model: TEXT is an audio file

@@ -18,6 +18,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from qkv.cli.common import check_out_folder, status
+from qkv.cli.inputs import read_items
+from qkv.cli.outputs import print_jsonl
 
 __all__ = ["align_path", "command"]
 
@@ -49,7 +51,9 @@ def _align(bundle, audio: Path, png: Path) -> Path:
 
 
 def command(
-    files: Annotated[list[Path], typer.Argument(help="Audio files (WAV, FLAC, OGG; any rate).")],
+    files: Annotated[list[Path] | None, typer.Argument(
+        help="Audio files (WAV, FLAC, OGG; any rate).", show_default=False,
+    )] = None,
     model: Annotated[str, typer.Option(
         "--model", "-m", help="Packaged name or CTranslate2 Whisper folder.",
     )] = "whisper-tiny.en",
@@ -59,17 +63,28 @@ def command(
     align: Annotated[Path | None, typer.Option(
         "--align", help="Write the cross-attention alignment (tokens x seconds) to this PNG.",
     )] = None,
+    input_file: Annotated[Path | None, typer.Option(
+        "--input", "-i", help="A UTF-8 file of audio paths, one per line ('-': standard input).",
+        show_default=False,
+    )] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print one JSON object per file ({\"file\", \"text\"}), one per line.",
+    )] = False,
 ) -> None:
     """Transcribe speech to text, offline, with Whisper on qkv's attention.
 
     [bold]Example:[/bold] espeak-ng -w hello.wav "Hello world" && qkv transcribe hello.wav
     --align hello.png
+
+    [bold]Example:[/bold] ls *.wav | qkv transcribe --input - --json
     """
     from qkv import pretrained
     from qkv.pretrained.whisper import SpeechBundle
 
     console = Console(highlight=False, soft_wrap=True)
     stderr = Console(stderr=True, highlight=False)
+    files = [Path(f) for f in read_items([str(f) for f in files or []], input_file,
+                                         what="audio file")]  # fmt: skip
     for file in files:
         if not file.is_file():
             what = "is a folder" if file.is_dir() else "does not exist"
@@ -86,7 +101,11 @@ def command(
     several = len(files) > 1
     for file in files:
         prefix = f"{escape(str(file))}: " if several else ""
-        if console.is_terminal and beam_size is None:
+        if as_json:
+            with status(stderr, f"transcribing {file} ..."):
+                text = bundle.transcribe(file, beam_size=beam_size)
+            print_jsonl([{"file": str(file), "text": text}])
+        elif console.is_terminal and beam_size is None:
             console.print(prefix, end="")
             for piece in bundle.stream(file):
                 console.print(escape(piece), end="")

@@ -10,6 +10,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from qkv.cli.inputs import read_items
+from qkv.cli.outputs import print_jsonl
 from qkv.train.runs import load_run, seq2seq_parts
 
 __all__ = ["command", "translate_pretrained", "translate_texts"]
@@ -80,6 +82,14 @@ def command(
     max_new_tokens: Annotated[int | None, typer.Option(
         "--max-new-tokens", min=1, help="Longest output (default: 2 × input + 10).",
     )] = None,
+    input_file: Annotated[Path | None, typer.Option(
+        "--input", "-i", help="A UTF-8 file of texts to translate, one per line ('-': "
+        "standard input).", show_default=False,
+    )] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print one JSON object per text ({\"source\", \"translation\"}), one "
+        "per line.",
+    )] = False,
 ) -> None:
     """Translate texts with a trained encoder-decoder checkpoint, or a pretrained one with
     --model; one output per line.
@@ -87,17 +97,26 @@ def command(
     [bold]Example:[/bold] qkv translate runs/demo "tuesday 3rd of march 2015" "7/4/76"
 
     [bold]Example:[/bold] qkv translate --model ~/models/opus-mt-en-de "Hello, world."
+
+    [bold]Example:[/bold] qkv translate runs/demo --input dates.txt --json ('-' in the texts or
+    as the file reads standard input, one text per line)
     """
     # Expected failures (ValueError, OSError, ...) become one line in common.guard.
     items = list(inputs or [])
+    if model is None:
+        if not items:
+            raise ValueError("give a CHECKPOINT folder and the TEXTS to translate, or --model "
+                             "PATH and the texts")  # fmt: skip
+        checkpoint, items = items[0], items[1:]
+    texts = read_items(items, input_file, what="text to translate")
     if model is not None:
-        outputs = translate_pretrained(model, items, beam=beam, max_new_tokens=max_new_tokens)
-    elif not items:
-        raise ValueError("give a CHECKPOINT folder and the TEXTS to translate, or --model PATH "
-                         "and the texts")  # fmt: skip
+        outputs = translate_pretrained(model, texts, beam=beam, max_new_tokens=max_new_tokens)
     else:
-        outputs = translate_texts(items[0], items[1:], beam=beam,
+        outputs = translate_texts(checkpoint, texts, beam=beam,
                                   max_new_tokens=max_new_tokens)  # fmt: skip
+    if as_json:
+        print_jsonl({"source": t, "translation": o} for t, o in zip(texts, outputs, strict=True))
+        return
     console = Console(highlight=False, soft_wrap=True)
     for line in outputs:
         console.print(line, markup=False)

@@ -225,12 +225,14 @@ class DecoderBundle:
     def stream(self, prompt_or_messages: object, max_new_tokens: int = 128, *,
                temperature: float = 0.0, top_k: int | None = None,
                top_p: float | None = None, seed: int | None = None,
-               compile: bool = False) -> Iterator[str]:  # fmt: skip
+               compile: bool = False,
+               counter: list[int] | None = None) -> Iterator[str]:  # fmt: skip
         """Like :meth:`generate`, yielding text pieces as soon as they are decodable.
 
         A piece is held back while it ends inside a multi-byte character (a byte-level token
         can hold half of an emoji), so every yielded piece is valid text and the pieces join
-        to :meth:`generate`'s result.
+        to :meth:`generate`'s result. ``counter``, a list, gets one entry appended per new
+        token (how many were generated, for a tokens/s figure).
         """
         from qkv.generate import stream
 
@@ -242,6 +244,8 @@ class DecoderBundle:
         shown = ""
         for token in stream(self.model, ids, **options):
             new.append(token)
+            if counter is not None:
+                counter.append(token)
             text = self.tokenizer.decode(new, skip_special_tokens=True)
             if text.endswith("\ufffd") or not text.startswith(shown):
                 continue  # an incomplete UTF-8 sequence: wait for the next token
