@@ -99,7 +99,8 @@ def print_report(console: Console, header: dict, records: list[dict],
             f"memory model: measured / qkv.explain's predicted forward peak over {len(ratios)} "
             f"probes of 8 MiB or more: {min(ratios):.2f} .. {max(ratios):.2f}"
         )
-    console.print(_checklist(targets))
+    if targets:
+        console.print(_checklist(targets))
     if any(t.indicative and t.status != "no data" for t in targets):
         console.print("* measured away from the target's lengths (a --quick run or other "
                       "--lengths): indicative only")
