@@ -126,7 +126,16 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
             f"cos and sin must share a shape ending in D={x.shape[-1]}, got cos "
             f"{tuple(cos.shape)} and sin {tuple(sin.shape)}"
         )
-    return (x * cos + rotate_half(x) * sin).to(x.dtype)  # (..., T, D)
+    return _rotate(x, cos, sin).to(x.dtype)  # (..., T, D)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """:func:`apply_rotary` without its checks (callers have checked): ``x·cos +
+    rotate_half(x)·sin`` as ``addcmul`` over the two halves."""
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]  # (..., T, D/2) each
+    rotated = torch.cat((-b, a), dim=-1)  # (..., T, D)
+    return torch.addcmul(x * cos, rotated, sin)  # (..., T, D)
 
 
 class RotaryEmbedding(nn.Module):
@@ -188,6 +197,7 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self._build(max_len, None)
         self.register_buffer("cos_cached", cos, persistent=False)
         self.register_buffer("sin_cached", sin, persistent=False)
+        self._last: tuple | None = None  # ((offset, T, device, table), (cos, sin)) of _tables
 
     def _cos_sin(self, positions: Tensor, dtype: torch.dtype, length: int | None = None,
                  device: torch.device | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
@@ -209,14 +219,24 @@ class RotaryEmbedding(nn.Module):
         return self._cos_sin(positions, torch.float32)  # (n, d) each
 
     def _tables(self, offset: int, T: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        """Float32 ``(T, d)`` cos/sin for positions ``offset .. offset + T - 1``."""
+        """Float32 ``(T, d)`` cos/sin for positions ``offset .. offset + T - 1``.
+
+        The last slice is remembered: a decoding step asks for the same ``(offset, T)`` once
+        for the queries and once for the keys of every layer (one module serves them all)."""
+        tracing = torch.compiler.is_compiling()  # a trace keeps no Python-side memo
+        key = None if tracing else (offset, T, device, self.cos_cached.data_ptr())
+        if key is not None and self._last is not None and self._last[0] == key:
+            return self._last[1]
         n = self.cos_cached.shape[0]
         stale = self.cos_cached.dtype != torch.float32 or self.cos_cached.device != device
         if stale or offset + T > n:
             # Grow geometrically so a decoding loop does not rebuild at every step.
             n = max(offset + T, 2 * n) if offset + T > n else n
             self.cos_cached, self.sin_cached = self._build(n, device)
-        return self.cos_cached[offset : offset + T], self.sin_cached[offset : offset + T]
+        tables = self.cos_cached[offset : offset + T], self.sin_cached[offset : offset + T]
+        if not tracing:
+            self._last = ((offset, T, device, self.cos_cached.data_ptr()), tables)
+        return tables
 
     def _scaled_length(self, length: int) -> int | None:
         """The length the frequencies depend on (dynamic scaling past its training length),
@@ -264,8 +284,8 @@ class RotaryEmbedding(nn.Module):
         r = self.rotary_dim
         work = x.to(cos.dtype)
         if r == self.d_head:
-            return apply_rotary(work, cos, sin).to(x.dtype)  # (B, H, T, D)
-        turned = apply_rotary(work[..., :r], cos, sin)  # (B, H, T, d)
+            return _rotate(work, cos, sin).to(x.dtype)  # (B, H, T, D)
+        turned = _rotate(work[..., :r], cos, sin)  # (B, H, T, d)
         return torch.cat((turned, work[..., r:]), dim=-1).to(x.dtype)  # (B, H, T, D)
 
     def _from_positions(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
