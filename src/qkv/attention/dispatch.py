@@ -98,7 +98,12 @@ def select(call: AttentionCall, backend: str) -> ModuleType:
         known = ", ".join(repr(b) for b in ("auto", *BACKENDS))
         raise AttentionArgumentError(f"backend must be one of {known}, got {backend!r}")
     if backend == "auto":
-        return BACKENDS[decide(call, with_costs=False).chosen]
+        # The first backend in PREFERENCE with nothing against it: what decide() chooses,
+        # without writing the other backends' reasons (this runs on every attention call).
+        for name in PREFERENCE:
+            if _why_not_auto(name, call) is None:
+                return BACKENDS[name]
+        return BACKENDS[decide(call, with_costs=False).chosen]  # (math honours every call)
     module = BACKENDS[backend]
     why = module.why_not(call)
     if why is not None:
