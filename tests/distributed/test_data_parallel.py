@@ -145,7 +145,8 @@ def _check_encoder_decoder(train: list[dict], out: Path, model, result) -> None:
     assert mine.keys() == theirs.keys() and mine["step"] == 3
     for key in ("loss", "perplexity", "token_accuracy"):
         assert abs(mine[key] - theirs[key]) <= 1e-5 * abs(theirs[key]), (key, mine, theirs)
-    for key in ("exact_match", "bleu", "chrf"):  # decoded strings gathered in pair order
+    # decoded strings gathered in pair order ("bleu" only where the references are long enough)
+    for key in (k for k in ("exact_match", "bleu", "chrf") if k in theirs):
         assert mine[key] == pytest.approx(theirs[key], abs=1e-9), (key, mine, theirs)
     assert train[1]["s2s_ddp"] == train[0]["s2s_ddp"]
 

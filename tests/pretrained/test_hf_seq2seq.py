@@ -339,7 +339,7 @@ def test_translate_command_refuses_bad_models_in_one_line(root, tmp_path):
     cases = [
         (["--model", MARKUP, "x"], [MARKUP]),
         (["--model", str(tmp_path / "lm"), "x"], ["DecoderLM", "not an encoder-decoder"]),
-        (["--model", str(folder)], ["no texts"]),
+        (["--model", str(folder)], ["give at least one text to translate", "--input FILE"]),
         (["--model", str(folder), "x", "--beam", "0"], ["--beam"]),
         ([], ["CHECKPOINT", "--model"]),
     ]

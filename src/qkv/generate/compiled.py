@@ -22,9 +22,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from qkv.generate.session import DecoderSession, Inputs
+from qkv.generate.session import (
+    DecoderSession,
+    EncodedInputs,
+    Inputs,
+    is_seq2seq,
+    make_session,
+)
 
-__all__ = ["BUCKET", "StaticDecoderSession", "compiled_step"]
+__all__ = ["BUCKET", "StaticDecoderSession", "compiled_step", "open_session"]
 
 BUCKET = 256  # cache capacities are multiples of this: one compiled graph per bucket
 
@@ -123,3 +129,21 @@ class StaticDecoderSession(DecoderSession):
         """
         raise ValueError("compiled decoding (a static cache) does not support beam search; "
                          "use compile=False with beam_size")  # fmt: skip
+
+
+def open_session(model: nn.Module, inputs: Inputs | EncodedInputs, max_new_tokens: int, *,
+                 pad_id: int | None, bos_id: int | None, compile: bool = False) -> Any:  # fmt: skip
+    """:func:`qkv.generate.session.make_session`, or with ``compile`` a
+    :class:`StaticDecoderSession` (decoder-only models).
+
+    Raises:
+        ValueError: ``compile`` not a bool, or True for an encoder-decoder; as the sessions.
+    """
+    if not isinstance(compile, bool):
+        raise ValueError(f"compile must be True or False, got {compile!r:.80}")
+    if not compile:
+        return make_session(model, inputs, max_new_tokens, pad_id=pad_id, bos_id=bos_id)
+    if isinstance(inputs, EncodedInputs) or is_seq2seq(model):
+        raise ValueError("compile=True serves decoder-only models (a static KV cache); "
+                         f"{type(model).__name__} is an encoder-decoder: use compile=False")
+    return StaticDecoderSession(model, inputs, max_new_tokens)

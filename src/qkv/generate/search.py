@@ -18,8 +18,9 @@ from torch import Tensor, nn
 
 from qkv.checks import is_int
 from qkv.generate.args import check_sampling, check_seed, special_ids
+from qkv.generate.compiled import open_session
 from qkv.generate.sampling import Sampler
-from qkv.generate.session import Inputs, decoding, is_seq2seq, make_session, model_device
+from qkv.generate.session import Inputs, decoding, is_seq2seq, model_device
 
 __all__ = ["greedy", "sample", "stream", "strip"]
 
@@ -84,7 +85,7 @@ def greedy(
         ValueError: malformed inputs, ids outside the vocabulary, a length past ``max_len``.
     """
     eos, pad, bos, fill = _ids(model, eos_id, pad_id, bos_id)
-    session = make_session(model, inputs, max_new_tokens, pad_id=pad, bos_id=bos,
+    session = open_session(model, inputs, max_new_tokens, pad_id=pad, bos_id=bos,
                            compile=compile)  # fmt: skip
     steps = _steps(session, lambda logits: logits.argmax(-1), max_new_tokens, eos, fill)
     return torch.stack(list(steps), dim=1)  # (B, L)
@@ -125,7 +126,7 @@ def sample(
     """
     check_sampling(temperature, top_k, top_p)
     eos, pad, bos, fill = _ids(model, eos_id, pad_id, bos_id)
-    session = make_session(model, inputs, max_new_tokens, pad_id=pad, bos_id=bos,
+    session = open_session(model, inputs, max_new_tokens, pad_id=pad, bos_id=bos,
                            compile=compile)  # fmt: skip
     check_seed(seed, session.batch)  # checked even when greedy leaves it unused
     if temperature == 0:
@@ -179,7 +180,7 @@ def stream(
                          f"{prompt!r:.80}")  # fmt: skip
     with torch.inference_mode():
         eos, pad, bos, fill = _ids(model, eos_id, None, bos_id)
-        session = make_session(model, [list(prompt)], max_new_tokens, pad_id=pad, bos_id=bos,
+        session = open_session(model, [list(prompt)], max_new_tokens, pad_id=pad, bos_id=bos,
                                compile=compile)  # fmt: skip
         if temperature == 0:
             choose: Callable[[Tensor], Tensor] = lambda logits: logits.argmax(-1)  # noqa: E731

@@ -366,26 +366,16 @@ def _ban_list(ids: object, vocab: int | None, name: str, device: torch.device) -
 
 def make_session(
     model: nn.Module, inputs: Inputs | EncodedInputs, max_new_tokens: int, *,
-    pad_id: int | None, bos_id: int | None, compile: bool = False,
+    pad_id: int | None, bos_id: int | None,
 ) -> DecoderSession | Seq2SeqSession | MemorySession:  # fmt: skip
     """The session for ``model``'s kind (see :func:`is_seq2seq`), or a
-    :class:`MemorySession` for :class:`EncodedInputs`; with ``compile`` a
-    :class:`~qkv.generate.compiled.StaticDecoderSession` (decoder-only models).
+    :class:`MemorySession` for :class:`EncodedInputs` (compiled decoding:
+    :func:`qkv.generate.compiled.open_session`).
 
     Raises:
-        TypeError: a model of neither kind; ValueError: as the sessions, and ``compile`` for
-            a model that is not decoder-only.
+        TypeError: a model of neither kind; ValueError: as the sessions.
     """
     positive_int("max_new_tokens", max_new_tokens)
-    if not isinstance(compile, bool):
-        raise ValueError(f"compile must be True or False, got {compile!r:.80}")
-    if compile:
-        if isinstance(inputs, EncodedInputs) or is_seq2seq(model):
-            raise ValueError("compile=True serves decoder-only models (a static KV cache); "
-                             f"{type(model).__name__} is an encoder-decoder: use compile=False")
-        from qkv.generate.compiled import StaticDecoderSession
-
-        return StaticDecoderSession(model, inputs, max_new_tokens)
     if isinstance(inputs, EncodedInputs):
         if not is_seq2seq(model):
             raise TypeError(f"EncodedInputs need an encoder-decoder model, got "
