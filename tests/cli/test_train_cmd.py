@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from qkv.cli.app import app
-from qkv.cli.common import metrics_line
 from qkv.cli.eval_cmd import evaluate_checkpoint
+from qkv.cli.train_cmd import metrics_text
 from qkv.data import make_task
 from qkv.generate import translate
 from qkv.models import DecoderLM, Seq2SeqTransformer
@@ -68,13 +68,17 @@ def assert_one_line_error(result, message: str) -> None:
 def test_train_task_writes_a_run_and_reports_test_metrics(copy_run):
     result, out = copy_run
     assert result.exit_code == 0, result.output
-    assert re.search(r"^test: .*exact match \d+\.\d%.*BLEU .*chrF ", result.stdout, re.M)
+    # copy targets of 1-4 digits: too short for BLEU, which says so instead of printing 0.0
+    assert re.search(r"^test: .*exact match \d+\.\d%.*BLEU n/a \(targets average \d\.\d "
+                     r"tokens; BLEU needs 4-grams\)  chrF ", result.stdout, re.M), result.stdout
     assert f"checkpoint: {out / 'best'}" in result.stdout
     for name in ("best/config.json", "last/config.json", "metrics.jsonl", "loss.png", "data.json"):
         assert (out / name).is_file(), name
     spec = json.loads((out / "data.json").read_text())
     assert spec == {"kind": "task", "source": "copy", "seed": 3, "n_train": 200, "n_valid": 20,
-                    "n_test": 30, "valid_fraction": 0.1, "options": {"max_len": 4}}  # fmt: skip
+                    "n_test": 30, "valid_fraction": 0.1, "options": {"max_len": 4},
+                    "tokenizer": "char", "vocab_size": None, "source_column": None,
+                    "target_column": None, "text_column": None}  # fmt: skip
     ckpt = load_checkpoint(out / "best")
     assert isinstance(ckpt.model, Seq2SeqTransformer) and ckpt.model.config.d_model == 16
     assert set(ckpt.tokenizers) == {"src", "tgt"}
@@ -98,11 +102,12 @@ def test_eval_rebuilds_the_run_s_test_split(copy_run):
     assert metrics == expected
     # qkv train reported the test metrics of that same (best) checkpoint
     train_result, _ = copy_run
-    assert f"test: {metrics_line(expected)}" in train_result.stdout
+    assert f"test: {metrics_text(expected)}" in train_result.stdout
+    assert "bleu" not in expected and 1 <= expected["bleu_ref_tokens"] < 4
     result = runner.invoke(app, ["eval", str(out)])
     assert result.exit_code == 0, result.output
     assert f"exact match {expected['exact_match']:.1%}" in result.stdout
-    assert f"BLEU {expected['bleu']:.1f}" in result.stdout
+    assert f"BLEU n/a (targets average {expected['bleu_ref_tokens']:.1f} tokens" in result.stdout
 
 
 def test_eval_on_other_data(copy_run, tmp_path):

@@ -13,7 +13,6 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from qkv.cli.common import metrics_line
 from qkv.train.runs import load_run, seq2seq_parts
 from qkv.train.spec import DataSpec, load_dataset
 
@@ -31,6 +30,9 @@ def evaluate_checkpoint(
     split: str = "test",
     seed: int | None = None,
     beam: int | None = None,
+    source_column: str | None = None,
+    target_column: str | None = None,
+    text_column: str | None = None,
 ) -> tuple[dict[str, float], str]:
     """Metrics of the checkpoint at ``checkpoint`` and a description of the data.
 
@@ -39,21 +41,28 @@ def evaluate_checkpoint(
         task: a task name: its ``split``, as the run's data.json describes it when that is
             the same task (and ``seed`` is None or the run's), else the task with default
             sizes and ``seed`` (default 0).
-        pairs: a TSV file, every pair of it evaluated.
+        pairs: a ``.tsv``, ``.csv`` or ``.jsonl`` file of pairs (columns/keys ``source`` and
+            ``target``, or ``source_column``/``target_column``), every pair of it evaluated.
         text: a text file or folder, all of it evaluated (language models).
         split: ``"test"`` or ``"valid"`` of a task or of the run's own data.
         seed: the seed of ``task``.
         beam: beam size for decoding (None: greedy).
+        source_column, target_column: ``pairs``' column or key names.
+        text_column: ``text``: the column (``.csv``/``.tsv``) or key (``.jsonl``; default
+            ``"text"``) of its records, as ``qkv train --text-column`` reads them.
 
     Returns:
-        ``(metrics, what was evaluated)``.
+        ``(metrics, what was evaluated)``; seq2seq metrics hold ``"bleu"`` only when the
+        references average 4 or more BLEU tokens, else ``"bleu_ref_tokens"``
+        (:func:`qkv.train.evaluate_seq2seq`).
 
     Raises:
         FileNotFoundError, ValueError: no or a corrupt checkpoint, no data to evaluate on,
             a model that does not fit the data.
         ImportError: sacrebleu missing.
     """
-    from qkv.data import load_pairs_tsv, load_text
+    from qkv.data import load_text
+    from qkv.data.records import RECORD_SUFFIXES, load_pairs, load_records_text
     from qkv.train import evaluate_lm, evaluate_seq2seq
 
     if split not in ("test", "valid"):
@@ -63,9 +72,15 @@ def evaluate_checkpoint(
     ckpt, folder, spec = load_run(checkpoint)
     data: Any
     if pairs is not None:
-        data, what = load_pairs_tsv(pairs), f"{pairs} (all pairs)"
+        data = load_pairs(pairs, source=source_column, target=target_column)
+        what = f"{pairs} (all pairs)"
     elif text is not None:
-        data, what = load_text(text), f"{text} (all of it)"
+        suffix = Path(text).suffix.lower()
+        if suffix == ".jsonl" or (text_column and suffix in RECORD_SUFFIXES):
+            data = load_records_text(text, key=text_column or "text")
+        else:
+            data = load_text(text)
+        what = f"{text} (all of it)"
     else:
         same = spec is not None and (spec.kind, spec.source) == ("task", task)
         if task is not None and not (same and seed in (None, spec.seed)):
@@ -97,7 +112,19 @@ def command(
         show_default=False,
     )],
     task: Annotated[str | None, typer.Option("--task", help="Evaluate on this task.")] = None,
-    pairs: Annotated[Path | None, typer.Option("--pairs", help="Evaluate on this TSV.")] = None,
+    pairs: Annotated[Path | None, typer.Option(
+        "--pairs", help="Evaluate on these pairs: a .tsv, .csv or .jsonl file.",
+    )] = None,
+    source_column: Annotated[str | None, typer.Option(
+        "--source-column", help="--pairs: the source column or key (default 'source').",
+    )] = None,
+    target_column: Annotated[str | None, typer.Option(
+        "--target-column", help="--pairs: the target column or key (default 'target').",
+    )] = None,
+    text_column: Annotated[str | None, typer.Option(
+        "--text-column", help="--text: the column of a .csv/.tsv or key of a .jsonl (default "
+        "for .jsonl: 'text').",
+    )] = None,
     text: Annotated[Path | None, typer.Option("--text", help="Evaluate an LM on this text.")] = (
         None
     ),
@@ -110,12 +137,29 @@ def command(
     """Evaluate a checkpoint: exact match, BLEU, chrF (or loss and perplexity for text).
 
     Without --task, --pairs or --text it uses the held-out split of the data it was trained on.
+    BLEU reads "n/a" when the references average under 4 tokens (no 4-grams: perfect outputs
+    would score 0).
 
     [bold]Example:[/bold] qkv eval runs/dates
+
+    [bold]Example (CSV pairs):[/bold] qkv eval runs/enfr --pairs test.csv --source-column en
+    --target-column fr
+
+    [bold]Example (JSONL text):[/bold] qkv eval runs/posts --text held_out.jsonl --text-column body
     """
     # Expected failures (ValueError, OSError, ...) become one line in common.guard.
+    from qkv.cli.train_cmd import metrics_text
+
+    if (source_column or target_column) and pairs is None:
+        raise ValueError("--source-column/--target-column name the columns of --pairs; give "
+                         "--pairs FILE")  # fmt: skip
+    if text_column and text is None:
+        raise ValueError("--text-column names a column of --text; give --text FILE")
     metrics, what = evaluate_checkpoint(checkpoint, task=task, pairs=pairs, text=text,
-                                        split=split, seed=seed, beam=beam)  # fmt: skip
+                                        split=split, seed=seed, beam=beam,
+                                        source_column=source_column,
+                                        target_column=target_column,
+                                        text_column=text_column)  # fmt: skip
     console = Console(highlight=False, soft_wrap=True)
     console.print(f"{checkpoint}: {what}", markup=False)
-    console.print(metrics_line(metrics), markup=False)
+    console.print(metrics_text(metrics), markup=False)

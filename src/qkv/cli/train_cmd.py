@@ -1,10 +1,13 @@
-"""``qkv train``: train a model from scratch on a synthetic task, a TSV of pairs or any text.
+"""``qkv train``: train a model from scratch on a synthetic task, a file of pairs or any text.
 
-Tasks and pairs train a :class:`~qkv.models.Seq2SeqTransformer` with character tokenizers;
-text trains a GPT-2-style :class:`~qkv.models.DecoderLM`. The run folder (``--out``) receives
-the checkpoints (``best``, ``last``), ``metrics.jsonl``, ``loss.png`` and ``data.json`` (the
-data spec, for ``qkv eval``). The settings are described in :mod:`qkv.train.spec`; building
-and running the model is :mod:`qkv.train.runs`.
+Tasks and pairs (``.tsv``, ``.csv``, ``.jsonl``) train a
+:class:`~qkv.models.Seq2SeqTransformer`; text trains a GPT-2-style :class:`~qkv.models.DecoderLM`;
+the tokenizers are characters, bytes or a byte-level BPE (``--tokenizer``). The run folder
+(``--out``) receives the checkpoints (``best``, ``last``, each with its tokenizers),
+``metrics.jsonl``, ``loss.png`` and ``data.json`` (the data spec, for ``qkv eval``);
+``--resume RUN`` continues a run folder exactly where its ``last`` checkpoint stopped. The
+settings are described in :mod:`qkv.train.spec`; building and running the model is
+:mod:`qkv.train.runs`.
 
 Under ``torchrun`` the same command trains data-parallel: each process starts the process
 group (gloo on CPU, NCCL with ``--device cuda``, each rank on ``cuda:LOCAL_RANK``), builds the
@@ -33,10 +36,17 @@ from qkv.distributed.data_parallel import (
     launched,
     shutdown,
 )
-from qkv.train.runs import build_model, build_train_config, make_tokenizers, run_training
-from qkv.train.spec import DATA_FILE, DataSpec, load_dataset, read_spec_toml
+from qkv.train.metrics import bleu_text
+from qkv.train.runs import (
+    build_model,
+    build_train_config,
+    make_tokenizers,
+    run_tokenizers,
+    run_training,
+)
+from qkv.train.spec import DATA_FILE, DataSpec, load_dataset, read_data_spec, read_spec_toml
 
-__all__ = ["command"]
+__all__ = ["command", "metrics_text"]
 
 NAME = "train"
 
@@ -45,10 +55,34 @@ def command(
         help="A synthetic task: copy, reverse, sort, addition or dates.", show_default=False,
     )] = None,
     text: Annotated[Path | None, typer.Option(
-        "--text", help="Train a language model on this text file or folder.",
+        "--text", help="Train a language model on this text file or folder, or on the records "
+        "of a .jsonl (or .csv/.tsv with --text-column).",
     )] = None,
     pairs: Annotated[Path | None, typer.Option(
-        "--pairs", help="Train a translation model on this TSV file (source<TAB>target).",
+        "--pairs", help="Train a translation model on pairs: a .tsv (source<TAB>target, or "
+        "named columns under a header), .csv (header) or .jsonl file.",
+    )] = None,
+    source_column: Annotated[str | None, typer.Option(
+        "--source-column", help="--pairs: the source column (CSV/TSV header) or key (JSONL); "
+        "default 'source'.",
+    )] = None,
+    target_column: Annotated[str | None, typer.Option(
+        "--target-column", help="--pairs: the target column or key; default 'target'.",
+    )] = None,
+    text_column: Annotated[str | None, typer.Option(
+        "--text-column", help="--text: train on this column of a .csv/.tsv or key of a .jsonl "
+        "(default for .jsonl: 'text'); records become paragraphs.",
+    )] = None,
+    tokenizer: Annotated[str | None, typer.Option(
+        "--tokenizer", help="char (characters seen in training; default), byte (UTF-8 bytes) or "
+        "bpe (byte-level BPE trained on the training split, saved in the run folder).",
+    )] = None,
+    vocab_size: Annotated[int | None, typer.Option(
+        "--vocab-size", help="--tokenizer bpe: vocabulary size (>= 260; default 1000).",
+    )] = None,
+    resume: Annotated[Path | None, typer.Option(
+        "--resume", help="Continue this run folder exactly from its last checkpoint (its data, "
+        "model, tokenizers and settings; --steps may extend it).",
     )] = None,
     config: Annotated[Path | None, typer.Option(
         "--config", help="A TOML file: TrainConfig keys, \\[data] and \\[model] tables.",
@@ -86,15 +120,29 @@ def command(
         "instead of a replica per process (DDP).",
     )] = False,
 ) -> None:
-    """Train a transformer from scratch: a synthetic task, a TSV of pairs, or any text.
+    """Train a transformer from scratch: a synthetic task, a file of pairs, or any text.
 
-    Tasks and TSV pairs train an encoder-decoder; text trains a GPT-2-style language model.
-    --out receives the checkpoints, metrics.jsonl, loss.png and data.json (for qkv eval).
-    The test metrics follow: exact match, BLEU, chrF (loss and perplexity for text).
-    Options win over the --config file. Under torchrun it trains data-parallel (--fsdp: sharded);
-    --batch-size stays the global batch and --seed gives the same weights as one process.
+    Tasks and pairs (.tsv, .csv, .jsonl) train an encoder-decoder; text trains a GPT-2-style
+    language model. --out receives the checkpoints (with their tokenizers), metrics.jsonl,
+    loss.png and data.json (for qkv eval). The test metrics follow: exact match, BLEU (n/a
+    when targets average under 4 tokens), chrF (loss and perplexity for text). The training
+    loss shown is the label-smoothed objective; "ce" beside it is the plain cross-entropy, the
+    number to compare with validation. Options win over the --config file. Under torchrun it
+    trains data-parallel (--fsdp: sharded); --batch-size stays the global batch and --seed
+    gives the same weights as one process.
 
     [bold]Example:[/bold] qkv train dates --steps 800 --out runs/dates
+
+    [bold]Example (CSV/JSONL pairs):[/bold] qkv train --pairs data.csv --source-column en
+    --target-column fr --out runs/enfr
+
+    [bold]Example (JSONL text):[/bold] qkv train --text posts.jsonl --text-column body
+    --out runs/posts
+
+    [bold]Example (BPE):[/bold] qkv train --text notes.txt --tokenizer bpe --vocab-size 2000
+    --out runs/notes
+
+    [bold]Example (resume):[/bold] qkv train --resume runs/dates   (or --steps 2000 to go on)
 
     [bold]Packed text:[/bold] qkv train --text notes/ --pack --steps 500 --out runs/notes
 
@@ -104,10 +152,26 @@ def command(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        done, spec, run_dir, world = _train(
-            console, task, text, pairs, config, out, steps, batch_size, lr, eval_every, d_model,
-            layers, heads, seed, max_seconds, device, fsdp, pack,
-        )  # fmt: skip
+        columns = dict(source_column=source_column, target_column=target_column,
+                       text_column=text_column, tokenizer=tokenizer, vocab_size=vocab_size)
+        if resume is not None:
+            given = {"TASK": task, "--text": text, "--pairs": pairs, "--config": config,
+                     "--out": out, "--batch-size": batch_size, "--lr": lr,
+                     "--eval-every": eval_every, "--d-model": d_model, "--layers": layers,
+                     "--heads": heads, "--seed": seed, "--pack": pack or None,
+                     "--fsdp": fsdp or None, **{f"--{k.replace('_', '-')}": v
+                                                 for k, v in columns.items()}}  # fmt: skip
+            clash = [k for k, v in given.items() if v is not None]
+            if clash:
+                raise ValueError(f"--resume continues a run with its own data and settings; "
+                                 f"drop {', '.join(clash)} (only --steps, --max-seconds, "
+                                 "--device and --threads go with it)")  # fmt: skip
+            done, spec, run_dir, world = _resume(console, resume, steps, max_seconds, device)
+        else:
+            done, spec, run_dir, world = _train(
+                console, task, text, pairs, config, out, steps, batch_size, lr, eval_every,
+                d_model, layers, heads, seed, max_seconds, device, fsdp, pack, columns,
+            )  # fmt: skip
     except (ValueError, TypeError, FileNotFoundError, ImportError, OSError, FloatingPointError,
             RuntimeError) as err:  # fmt: skip
         if isinstance(err, RuntimeError) and not is_peer_failure(err):
@@ -124,22 +188,35 @@ def command(
     console.print(f"trained {result.steps:,} steps in {result.seconds:.1f} s "
                   f"({result.tokens_per_second:,.0f} tokens/s"
                   f"{f' on {world.size} processes' if world.parallel else ''})")  # fmt: skip
-    console.print(f"{done['split']}: " + metrics_line(test))
+    console.print(f"{done['split']}: " + metrics_text(test))
     console.print(f"checkpoint: {run_dir / 'best'}", markup=False)
     if spec.kind != "text":
         console.print(f"next: qkv translate {run_dir} \"...\"   or   qkv eval {run_dir}",
                       markup=False)
 
 
+def metrics_text(metrics: dict[str, float]) -> str:
+    """:func:`~qkv.cli.common.metrics_line` with BLEU shown by
+    :func:`~qkv.train.metrics.bleu_text` (``BLEU n/a (...)`` on short targets)."""
+    bleu = bleu_text(metrics)
+    rest = {k: v for k, v in metrics.items() if k not in ("bleu", "bleu_ref_tokens")}
+    if bleu is None:
+        return metrics_line(rest)
+    head = {k: v for k, v in rest.items() if k != "chrf"}
+    tail = {k: v for k, v in rest.items() if k == "chrf"}
+    return "  ".join(part for part in (metrics_line(head), bleu, metrics_line(tail)) if part)
+
+
 def _train(console, task, text, pairs, config, out, steps, batch_size, lr, eval_every, d_model,
-           layers, heads, seed, max_seconds, device, fsdp, pack):  # fmt: skip
+           layers, heads, seed, max_seconds, device, fsdp, pack, columns):  # fmt: skip
     """Build the run and train it; ``(run_training's result, spec, run folder, world)``."""
     if max_seconds is not None and max_seconds <= 0:
         raise ValueError(f"--max-seconds must be > 0, got {max_seconds}")
     tables = read_spec_toml(config) if config is not None else {"train": {}, "data": {},
                                                               "model": {}}  # fmt: skip
     try:
-        spec = DataSpec.build(tables["data"], task=task, pairs=pairs, text=text, seed=seed)
+        spec = DataSpec.build(tables["data"], task=task, pairs=pairs, text=text, seed=seed,
+                              **columns)  # fmt: skip
         if seed is None and "seed" not in tables["data"] and "seed" in tables["train"]:
             spec = DataSpec(**{**spec.to_json(), "seed": tables["train"]["seed"]})
         run_dir = out if out is not None else Path("runs") / Path(spec.source).stem
@@ -166,7 +243,8 @@ def _train(console, task, text, pairs, config, out, steps, batch_size, lr, eval_
     except ValueError as err:
         raise ValueError(f"{config}: [model] {err}" if config is not None else err) from None
     # user text (paths, a corpus name) is escaped: "[" in it is not rich markup
-    say(f"[bold]qkv train[/bold] {spec.kind} {escape(str(spec.source))}: "
+    say(f"[bold]qkv train[/bold] {spec.kind} {escape(str(spec.source))} "
+        f"({spec.tokenizer} tokenizer): "
         f"{type(model).__name__}, {model.num_parameters():,} parameters, "
         f"{train_config.steps:,} steps → {escape(str(run_dir))}"
         + (f" ({world.size} processes, {'FSDP' if train_config.fsdp else 'DDP'})"
@@ -176,6 +254,40 @@ def _train(console, task, text, pairs, config, out, steps, batch_size, lr, eval_
         _write_json(run_dir / DATA_FILE, spec.to_json())
     done = run_training(spec, data, toks, model, train_config, max_seconds=max_seconds,
                         log=say)  # fmt: skip
+    return done, spec, run_dir, world
+
+
+def _resume(console, run_dir: Path, steps, max_seconds, device):
+    """Continue the run in ``run_dir`` from ``last``: its data spec, saved TrainConfig,
+    model and tokenizers; ``(run_training's result, spec, run folder, world)``."""
+    from qkv.checkpoint import load_checkpoint
+    from qkv.train.config import TrainConfig
+
+    if max_seconds is not None and max_seconds <= 0:
+        raise ValueError(f"--max-seconds must be > 0, got {max_seconds}")
+    spec = read_data_spec(run_dir)
+    last = run_dir / "last"
+    if spec is None or not last.is_dir():
+        raise ValueError(f"--resume {run_dir}: not a qkv train run folder (expected "
+                         f"{DATA_FILE} and last/ in it)")  # fmt: skip
+    ckpt = load_checkpoint(last)
+    saved = ckpt.train_state or {}
+    if not isinstance(saved.get("config"), dict):
+        raise ValueError(f"--resume {run_dir}: {last} holds no training state to continue")
+    changes = {k: v for k, v in (("steps", steps), ("device", device)) if v is not None}
+    train_config = TrainConfig.from_dict({**saved["config"], "run_dir": str(run_dir),
+                                          **changes})  # fmt: skip
+    if train_config.steps <= int(saved.get("step", 0)):
+        raise ValueError(f"--resume {run_dir}: the run already did {saved.get('step')} of "
+                         f"its {train_config.steps} steps; give --steps above that to go on")
+    world = init_distributed(train_config.device)
+    say = console.print if world.is_zero else _quiet
+    data = load_dataset(spec)
+    toks = run_tokenizers(last, spec.kind)
+    say(f"[bold]qkv train --resume[/bold] {escape(str(run_dir))}: step {saved.get('step')} → "
+        f"{train_config.steps:,}")  # fmt: skip
+    done = run_training(spec, data, toks, ckpt.model, train_config, max_seconds=max_seconds,
+                        log=say, resume=last)  # fmt: skip
     return done, spec, run_dir, world
 
 

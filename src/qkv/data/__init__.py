@@ -29,8 +29,10 @@ from qkv.data.batching import (
     lm_batches,
     pad_rows,
 )
+from qkv.data.datasets import dataset_documents, dataset_pairs
 from qkv.data.packing import PackedRows, pack_documents, pack_lm, split_documents
 from qkv.data.parallel import gettext_catalogues, gettext_pairs, load_pairs_tsv
+from qkv.data.records import load_pairs, load_records_text
 from qkv.data.subword import BPETokenizer, WordPieceTokenizer
 from qkv.data.tasks import SPLITS, TASKS, Task, make_task
 from qkv.data.text import MissingData, load_text, stdlib_corpus, train_valid_split
@@ -67,11 +69,15 @@ __all__ = [
     "WordPieceTokenizer",
     "bucket_batches",
     "collate",
+    "dataset_documents",
+    "dataset_pairs",
     "encode_pairs",
     "gettext_catalogues",
     "gettext_pairs",
     "lm_batches",
+    "load_pairs",
     "load_pairs_tsv",
+    "load_records_text",
     "load_text",
     "load_tokenizer",
     "make_task",

@@ -1,9 +1,13 @@
 """Training: the loop, schedules, label-smoothed loss, metrics, checkpoints and resume.
 
 * :func:`train_seq2seq` / :func:`evaluate_seq2seq`: encoder-decoder models on string pairs
-  (a :class:`~qkv.data.Task` or a list), with loss, perplexity, token accuracy, exact match,
-  BLEU and chrF.
-* :func:`train_lm` / :func:`evaluate_lm`: decoder-only models on a token stream.
+  (a :class:`~qkv.data.Task`, a list, or a torch ``Dataset``/``DataLoader`` of pairs), with
+  loss, perplexity, token accuracy, exact match, BLEU (where the references are long enough
+  for it: :func:`~qkv.train.metrics.bleu_applies`) and chrF.
+* :func:`train_lm` / :func:`evaluate_lm`: decoder-only models on a token stream or documents
+  (a list, or a torch ``Dataset`` of token-id documents).
+* Every step records the loss it minimised (label-smoothed when smoothing is on) and ``ce``,
+  the plain cross-entropy of the same logits, which is what compares with validation.
 * :func:`fit`: the loop itself, for any :class:`Job` (model, batches, loss, evaluation).
 * :class:`TrainConfig`: every setting, frozen and validated, loadable from TOML.
 * :func:`save_checkpoint` / :func:`load_checkpoint`: safetensors + JSON folders, written
@@ -36,7 +40,7 @@ from qkv.train.lm import LM_METRICS, evaluate_lm, train_lm
 from qkv.train.loop import Callback, Job, TrainResult, fit, seed_everything
 from qkv.train.losses import LossParts, token_loss
 from qkv.train.metrics import bleu, chrf, exact_match, perplexity, token_accuracy
-from qkv.train.progress import MetricsLog, ProgressBar, plot_loss_curve
+from qkv.train.progress import MetricsLog, ProgressBar, loss_curves, plot_loss_curve
 from qkv.train.schedules import lr_at, make_optimizer, paper_peak_lr, parameter_groups
 from qkv.train.seq2seq import SEQ2SEQ_METRICS, evaluate_seq2seq, train_seq2seq
 
@@ -61,6 +65,7 @@ __all__ = [
     "exact_match",
     "fit",
     "load_checkpoint",
+    "loss_curves",
     "lr_at",
     "make_optimizer",
     "paper_peak_lr",

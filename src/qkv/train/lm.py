@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.data.batching import LMBatch, lm_batches
+from qkv.data.datasets import dataset_documents, is_torch_data
 from qkv.data.packing import IGNORE_INDEX, PackedRows, pack_lm
 from qkv.data.tokenizers import Tokenizer
 from qkv.distributed.data_parallel import all_reduce_sum, current_world, share, slice_rows
@@ -198,12 +199,15 @@ def train_lm(
         model: e.g. :class:`qkv.models.DecoderLM`; seed (:func:`~qkv.train.seed_everything`)
             before building it for reproducible initial weights (in a data-parallel run every
             rank starts from rank 0's).
-        ids: ``(N,)`` training stream, or a list of token-id documents (see the module
-            docstring; ``config.pack`` packs them).
+        ids: ``(N,)`` training stream, a list of token-id documents (see the module
+            docstring; ``config.pack`` packs them), or a map-style
+            :class:`torch.utils.data.Dataset` (or a ``DataLoader`` over one) whose items are
+            documents (a list of int or a 1-D integer tensor ``(N,)``): read once in index
+            order and trained on as that list of documents (:mod:`qkv.data.datasets`).
         config: :class:`TrainConfig` (``batch_size`` windows or rows of ``block_size``
             tokens; ``metric`` one of :data:`LM_METRICS`; ``pack`` for documents).
-        valid_ids: validation stream or documents, evaluated on ``config.eval_batches``
-            batches.
+        valid_ids: validation stream or documents (or a Dataset of documents), evaluated on
+            ``config.eval_batches`` batches.
         tokenizer: saved with the checkpoints (role ``"text"``).
         callbacks: see :data:`qkv.train.loop.Callback`.
         resume: see :func:`qkv.train.loop.fit`.
@@ -215,7 +219,13 @@ def train_lm(
         ValueError: ``config.batch_tokens`` set (LM batches are ``batch_size`` windows),
             malformed or too-short streams, ``config.pack`` with a stream (packing needs
             document boundaries), and as :func:`~qkv.train.loop.fit`.
+        TypeError: a Dataset whose first item is not a document of token ids (the message
+            names what it is).
     """
+    if is_torch_data(ids):
+        ids = dataset_documents("ids", ids)
+    if is_torch_data(valid_ids):
+        valid_ids = dataset_documents("valid_ids", valid_ids)
     if config.batch_size is None:
         raise ValueError(
             f"train_lm needs config.batch_size (windows per batch), got batch_tokens="

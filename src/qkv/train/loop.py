@@ -44,7 +44,7 @@ from qkv.train.state import set_rng
 
 __all__ = ["Callback", "Job", "TrainResult", "fit"]
 
-# Called after every step with {"event": "step", "step", "loss", "lr", "tokens"} and after
+# Called after every step with {"event": "step", "step", "loss", "ce", "lr", "tokens"} and after
 # every evaluation with {"event": "eval", "step", <metrics>}; returning True stops the run.
 Callback = Callable[[dict[str, Any]], "bool | None"]
 
@@ -88,9 +88,11 @@ class TrainResult:
 
     Attributes:
         steps: optimizer steps completed (including those before a resume).
-        history: one ``{"step", "loss", "lr", "tokens"}`` per step; ``loss`` is the mean
-            (label-smoothed) training loss per target token (of the global batch, in a
-            data-parallel run).
+        history: one ``{"step", "loss", "ce", "lr", "tokens"}`` per step; ``loss`` is the
+            mean training loss per target token that the step minimised (label-smoothed when
+            ``config.label_smoothing > 0``), ``ce`` the plain (unsmoothed) cross-entropy of
+            the same logits, comparable with the validation loss (both of the global batch,
+            in a data-parallel run).
         evals: one ``{"step", <metric>: value, ...}`` per evaluation.
         best_metric, best_step: the best value of ``config.metric`` and its step (None
             without validation data).
@@ -273,7 +275,7 @@ def fit(
             #    one process); each summed loss is divided by the whole step's tokens (and
             #    weighted by the world size, as ranks average their gradients), so k
             #    micro-batches equal one batch k times larger and N ranks equal one process
-            loss_sum = 0.0
+            loss_sum = nll_sum = 0.0
             for i, batch in enumerate(micro):
                 part, weight = ranks.share(batch, job.shard)
                 with ranks.gradient_sync(i == len(micro) - 1):
@@ -282,7 +284,8 @@ def fit(
                     (parts.loss_sum * weight / tokens).backward()
                 if weight:
                     loss_sum += float(parts.loss_sum.detach())
-            (loss_sum,) = ranks.reduce(loss_sum)
+                    nll_sum += parts.nll_sum  # unsmoothed, from the same logits
+            loss_sum, nll_sum = ranks.reduce(loss_sum, nll_sum)
             if not math.isfinite(loss_sum):
                 raise FloatingPointError(
                     f"training loss is {loss_sum} at step {step}; try a lower lr (now "
@@ -300,19 +303,22 @@ def fit(
             ranks.train_optimizer.zero_grad(set_to_none=True)
             # 7) record the step and snapshot what a resume needs (data position, RNG)
             state.step, state.epoch, state.batch = step, data.epoch, data.batch
-            state.history.append({"step": step, "loss": loss_sum / tokens, "lr": lr,
-                                  "tokens": tokens})  # fmt: skip
+            state.history.append({"step": step, "loss": loss_sum / tokens,
+                                  "ce": nll_sum / tokens, "lr": lr, "tokens": tokens})  # fmt: skip
             rng = ranks.snapshot()
             train_seconds += time.perf_counter() - step_start
             train_tokens += tokens
             # 8) progress on screen; every log_every steps a record in metrics.jsonl
             window_tokens += tokens
             speed = window_tokens / max(time.perf_counter() - window_start, 1e-9)
-            bar.update(step, loss=loss_sum / tokens, lr=lr, tokens_per_s=speed)
+            smoothed = config.label_smoothing > 0
+            bar.update(step, loss=loss_sum / tokens, lr=lr, tokens_per_s=speed,
+                       ce=nll_sum / tokens if smoothed else None)  # fmt: skip
             if step % config.log_every == 0:
                 recent = state.history[-config.log_every :]
                 log.append({"split": "train", "step": step, "lr": lr, "tokens_per_s": speed,
-                            "loss": sum(h["loss"] for h in recent) / len(recent)})  # fmt: skip
+                            "loss": sum(h["loss"] for h in recent) / len(recent),
+                            **_mean_ce(recent)})  # fmt: skip
                 window_tokens, window_start = 0, time.perf_counter()
             # 9) callbacks; one returning True (on any rank) ends the run after this step
             if ranks.agree(_call(callbacks, {"event": "step", **state.history[-1]})):
@@ -347,7 +353,8 @@ def fit(
     # 13) the loss curve
     if main and run_dir is not None and config.plot and state.history:
         try:
-            plot_loss_curve(state.history, state.evals, run_dir / "loss.png")
+            plot_loss_curve(state.history, state.evals, run_dir / "loss.png",
+                            smoothing=config.label_smoothing)  # fmt: skip
         except ImportError as err:
             bar.message(f"no loss.png: {err}")
     return TrainResult(
@@ -356,6 +363,13 @@ def fit(
         run_dir=run_dir, seconds=time.perf_counter() - start,
         tokens_per_second=train_tokens / train_seconds if train_seconds else 0.0,
     )  # fmt: skip
+
+
+def _mean_ce(history: list[dict[str, Any]]) -> dict[str, float]:
+    """``{"ce": mean}`` of the steps' unsmoothed cross-entropy; ``{}`` when a step lacks it
+    (a run resumed from a checkpoint written before ``ce`` was recorded)."""
+    ces = [h["ce"] for h in history if "ce" in h]
+    return {"ce": sum(ces) / len(ces)} if ces and len(ces) == len(history) else {}
 
 
 def _autocast(config: TrainConfig):
@@ -373,6 +387,12 @@ def _evaluate(job: Job, model: nn.Module, autocast, metric: str) -> dict[str, fl
             metrics = {k: float(v) for k, v in job.evaluate().items()}
     finally:
         model.train()
+    if metric == "bleu" and "bleu_ref_tokens" in metrics:
+        raise ValueError(
+            f"config.metric='bleu': the validation targets average "
+            f"{metrics['bleu_ref_tokens']:.1f} tokens, too short for BLEU (it needs 4-grams); "
+            "watch 'exact_match' or 'chrf' instead"
+        )
     if metric not in metrics:
         raise ValueError(
             f"config.metric={metric!r} is not among the evaluation's metrics {sorted(metrics)}"

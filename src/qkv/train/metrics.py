@@ -3,6 +3,14 @@
 BLEU and chrF come from ``sacrebleu`` (the reference implementation that papers report,
 ``pip install 'qkv[train]'``), imported when first used. Scores are on sacrebleu's 0-100
 scale; exact match and token accuracy are fractions in ``[0, 1]``.
+
+Corpus BLEU is the geometric mean of 1- to 4-gram precisions, and sacrebleu's corpus BLEU
+(``use_effective_order=False``, as in papers) makes it 0 as soon as one order has no match:
+references of fewer than 4 tokens have no 4-grams, so perfect outputs of 1-3 tokens score
+0.0 (sacrebleu's ``sentence_bleu`` works around it with an "effective order", which makes
+short-sentence scores incomparable instead). :func:`bleu_applies` is the rule qkv uses: BLEU
+is reported only when the references average at least :data:`BLEU_MIN_TOKENS` tokens (in the
+BLEU tokenizer's tokens); :func:`bleu_text` prints ``BLEU n/a (...)`` otherwise.
 """
 
 from __future__ import annotations
@@ -11,7 +19,20 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["bleu", "chrf", "exact_match", "perplexity", "token_accuracy"]
+__all__ = [
+    "BLEU_MIN_TOKENS",
+    "bleu",
+    "bleu_applies",
+    "bleu_text",
+    "chrf",
+    "exact_match",
+    "mean_ref_tokens",
+    "perplexity",
+    "token_accuracy",
+]
+
+# BLEU's highest n-gram order: shorter references have no 4-grams and corpus BLEU reads 0.
+BLEU_MIN_TOKENS = 4
 
 
 def perplexity(nll_sum: float, tokens: int) -> float:
@@ -97,6 +118,43 @@ def bleu(hyps: Sequence[str], refs: Sequence[str], *, tokenize: str = "13a") -> 
     """
     _check_strings(hyps, refs)
     return float(_sacrebleu().corpus_bleu(list(hyps), [list(refs)], tokenize=tokenize).score)
+
+
+def mean_ref_tokens(refs: Sequence[str], *, tokenize: str = "13a") -> float:
+    """The mean length of ``refs`` in tokens of sacrebleu's ``tokenize`` tokenizer.
+
+    Raises:
+        ValueError: empty ``refs``; TypeError: non-strings.
+        ImportError: sacrebleu not installed (``pip install 'qkv[train]'``).
+    """
+    _check_strings(refs, refs)
+    split = _sacrebleu().metrics.BLEU(tokenize=tokenize).tokenizer
+    return sum(len(split(r).split()) for r in refs) / len(refs)
+
+
+def bleu_applies(refs: Sequence[str], *, tokenize: str = "13a") -> tuple[bool, float]:
+    """``(meaningful, mean tokens)``: whether corpus BLEU says anything about ``refs``.
+
+    True when the references average at least :data:`BLEU_MIN_TOKENS` tokens (see the module
+    docstring: below that, perfect outputs score 0.0).
+    """
+    mean = mean_ref_tokens(refs, tokenize=tokenize)
+    return mean >= BLEU_MIN_TOKENS, mean
+
+
+def bleu_text(metrics: dict[str, Any]) -> str | None:
+    """How to print the BLEU of an evaluation's ``metrics``, or None when it has none.
+
+    ``"BLEU 98.1"`` when ``metrics["bleu"]`` is there; ``"BLEU n/a (targets average 2.5
+    tokens; BLEU needs 4-grams)"`` when the evaluation left BLEU out and recorded
+    ``metrics["bleu_ref_tokens"]`` instead (see :func:`~qkv.train.evaluate_seq2seq`).
+    """
+    if metrics.get("bleu") is not None:
+        return f"BLEU {metrics['bleu']:.1f}"
+    if metrics.get("bleu_ref_tokens") is not None:
+        return (f"BLEU n/a (targets average {metrics['bleu_ref_tokens']:.1f} tokens; BLEU "
+                f"needs {BLEU_MIN_TOKENS}-grams)")  # fmt: skip
+    return None
 
 
 def chrf(hyps: Sequence[str], refs: Sequence[str]) -> float:

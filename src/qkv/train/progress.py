@@ -7,7 +7,11 @@
   (``{"split": "train" | "valid", "step": ..., ...}``), flushed at once, so a crashed or
   resumed run keeps everything written so far.
 * :func:`plot_loss_curve`: the training loss (and validation loss when measured) against the
-  step, drawn on a bare matplotlib Figure (Agg) (``pip install 'qkv[plots]'``).
+  step, drawn on a bare matplotlib Figure (Agg) (``pip install 'qkv[plots]'``). With label
+  smoothing the training objective sits well above the validation cross-entropy (a model
+  that is right with certainty still pays ``eps * log V``-ish for the smoothed mass), so the
+  plain cross-entropy of the same training logits is drawn beside it: that is the curve to
+  compare with validation.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["MetricsLog", "ProgressBar", "plot_loss_curve"]
+__all__ = ["MetricsLog", "ProgressBar", "loss_curves", "plot_loss_curve"]
 
 
 class ProgressBar:
@@ -50,11 +54,17 @@ class ProgressBar:
         if enabled and (rich is True or (rich is None and self.stream.isatty())):
             self._rich = _rich_progress(total, initial)
 
-    def update(self, step: int, *, loss: float, lr: float, tokens_per_s: float) -> None:
-        """Show step ``step`` (1-based) with its loss, learning rate and throughput."""
+    def update(self, step: int, *, loss: float, lr: float, tokens_per_s: float,
+               ce: float | None = None) -> None:  # fmt: skip
+        """Show step ``step`` (1-based) with its loss, learning rate and throughput.
+
+        ``ce``: the unsmoothed cross-entropy when ``loss`` is label-smoothed; both are shown
+        (``smoothed loss 1.2345  ce 0.4321``), so neither is mistaken for the other.
+        """
         if not self.enabled:
             return
-        text = f"loss {loss:.4f}  lr {lr:.2e}  {tokens_per_s:,.0f} tok/s"
+        losses = f"loss {loss:.4f}" if ce is None else f"smoothed loss {loss:.4f}  ce {ce:.4f}"
+        text = f"{losses}  lr {lr:.2e}  {tokens_per_s:,.0f} tok/s"
         if self._rich is not None:
             progress, task = self._rich
             progress.update(task, completed=step, stats=text)
@@ -119,20 +129,49 @@ class MetricsLog:
             f.write(json.dumps(clean) + "\n")
 
 
+def loss_curves(
+    history: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]], *, smoothing: float = 0.0
+) -> list[tuple[str, list[int], list[float], str]]:
+    """The curves of :func:`plot_loss_curve`: ``(legend label, steps, values, line style)``.
+
+    The training objective (``"train loss"``, or ``"train loss (label smoothing 0.1)"``);
+    with smoothing, ``"train cross-entropy (unsmoothed)"`` from each step's ``ce`` (steps
+    without one, from runs before it was recorded, are left out); and ``"valid
+    cross-entropy"`` from the evaluations with a ``loss``.
+    """
+    smoothed = smoothing > 0
+    label = f"train loss (label smoothing {smoothing:g})" if smoothed else "train loss"
+    curves = [(label, [h["step"] for h in history], [h["loss"] for h in history], "-")]
+    ce = [h for h in history if h.get("ce") is not None]
+    if smoothed and ce:
+        curves.append(("train cross-entropy (unsmoothed)", [h["step"] for h in ce],
+                       [h["ce"] for h in ce], "-"))  # fmt: skip
+    valid = [e for e in evals if e.get("loss") is not None]
+    if valid:
+        curves.append(("valid cross-entropy", [e["step"] for e in valid],
+                       [e["loss"] for e in valid], "o-"))  # fmt: skip
+    return curves
+
+
 def plot_loss_curve(
     history: Sequence[dict[str, Any]],
     evals: Sequence[dict[str, Any]],
     path: str | Path,
     *,
     title: str = "training loss",
+    smoothing: float = 0.0,
 ) -> Path:
-    """Draw loss against step: training (per step) and validation (per evaluation).
+    """Draw loss against step: training (per step) and validation (per evaluation), with a
+    legend.
 
     Args:
-        history: ``[{"step": int, "loss": float}, ...]``.
+        history: ``[{"step": int, "loss": float, "ce": float}, ...]``: ``loss`` the
+            objective, ``ce`` (optional) the unsmoothed cross-entropy of the same logits.
         evals: ``[{"step": int, "loss": float, ...}, ...]`` (entries without a loss skipped).
         path: the PNG to write.
         title: the figure title.
+        smoothing: the run's label smoothing; above 0 ``loss`` is labelled as smoothed and
+            ``ce`` drawn beside it (the curves: :func:`loss_curves`).
 
     Returns:
         ``path``.
@@ -149,10 +188,8 @@ def plot_loss_curve(
         ) from None
     fig = Figure(figsize=(7, 4))
     ax = fig.subplots()
-    ax.plot([h["step"] for h in history], [h["loss"] for h in history], lw=1, label="train")
-    valid = [e for e in evals if e.get("loss") is not None]
-    if valid:
-        ax.plot([e["step"] for e in valid], [e["loss"] for e in valid], "o-", label="valid")
+    for label, steps, values, style in loss_curves(history, evals, smoothing=smoothing):
+        ax.plot(steps, values, style, lw=1 if style == "-" else 1.5, label=label)
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats / token)")
     ax.set_title(title)

@@ -4,7 +4,10 @@ What ``qkv train``, ``qkv eval`` and ``qkv translate`` do, as plain functions:
 
 1. :func:`build_train_config` and :func:`build_model`: defaults per kind of data, then the
    spec file's keys, then the command line's options.
-2. :func:`make_tokenizers`: character tokenizers fitted on the training split.
+2. :func:`make_tokenizers`: the spec's tokenizers (characters, bytes or byte-level BPE)
+   fitted on the training split; they are saved in every checkpoint of the run
+   (``tokenizer-<role>.json``), so ``qkv translate``/``eval``/``generate`` and
+   ``qkv train --resume`` read them back from the run folder (:func:`run_tokenizers`).
 3. :func:`run_training`: train, keep the best checkpoint's weights, test on held-out data
    (text with ``config.pack``: paragraphs as documents, :func:`text_documents`, packed).
 4. :func:`find_checkpoint`, :func:`load_run`, :func:`seq2seq_parts`: a finished run's
@@ -19,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from qkv.checkpoint import load_checkpoint
-from qkv.data import CharTokenizer
+from qkv.data import BPETokenizer, ByteTokenizer, CharTokenizer
 from qkv.data.packing import plan_rows, split_documents
 from qkv.distributed.data_parallel import current_world
 from qkv.generate import is_seq2seq
@@ -29,7 +32,7 @@ from qkv.train.lm import evaluate_lm, train_lm
 from qkv.train.loop import seed_everything
 from qkv.train.recipes import StopWhen
 from qkv.train.seq2seq import evaluate_seq2seq, train_seq2seq
-from qkv.train.spec import Dataset, DataSpec, read_data_spec
+from qkv.train.spec import DEFAULT_BPE_VOCAB, Dataset, DataSpec, read_data_spec
 
 __all__ = [
     "build_model",
@@ -39,6 +42,7 @@ __all__ = [
     "load_run",
     "make_tokenizers",
     "packing_line",
+    "run_tokenizers",
     "run_training",
     "seq2seq_parts",
     "text_documents",
@@ -120,18 +124,49 @@ def _seed(seed: int | None) -> None:
 
 
 def make_tokenizers(spec: DataSpec, data: Dataset) -> dict[str, Any]:
-    """Character tokenizers fitted on the training split: ``{"text"}`` or ``{"src", "tgt"}``."""
+    """The tokenizers of ``spec.tokenizer`` fitted on the training split: ``{"text"}`` or
+    ``{"src", "tgt"}`` (one per side).
+
+    ``"char"``: the characters seen in training; ``"byte"``: UTF-8 bytes (nothing to fit);
+    ``"bpe"``: byte-level BPE (:class:`~qkv.data.BPETokenizer`) trained on the split's text up
+    to ``spec.vocab_size`` (default 1000) entries.
+
+    Raises:
+        ImportError: ``"bpe"`` without the ``tokenizers`` library.
+    """
     if spec.kind == "text":
-        return {"text": CharTokenizer.fit(data.train)}
-    return {"src": CharTokenizer.fit(s for s, _ in data.train),
-            "tgt": CharTokenizer.fit(t for _, t in data.train)}  # fmt: skip
+        sides = {"text": [data.train]}
+    else:
+        sides = {"src": [s for s, _ in data.train], "tgt": [t for _, t in data.train]}
+    if spec.tokenizer == "byte":
+        return {role: ByteTokenizer() for role in sides}
+    if spec.tokenizer == "bpe":
+        vocab = spec.vocab_size or DEFAULT_BPE_VOCAB
+        return {role: BPETokenizer.train(texts, vocab) for role, texts in sides.items()}
+    return {role: CharTokenizer.fit(texts) for role, texts in sides.items()}
+
+
+def run_tokenizers(folder: Path, kind: str) -> dict[str, Any]:
+    """The tokenizers saved in the checkpoint ``folder`` (``{"text"}`` or ``{"src", "tgt"}``).
+
+    Raises:
+        ValueError: the checkpoint lacks one of them.
+    """
+    ckpt = load_checkpoint(folder)
+    roles = ("text",) if kind == "text" else ("src", "tgt")
+    missing = [r for r in roles if r not in ckpt.tokenizers]
+    if missing:
+        raise ValueError(f"{folder} holds no tokenizer for {missing} (tokenizer-<role>.json); "
+                         "it cannot be resumed")  # fmt: skip
+    return {r: ckpt.tokenizers[r] for r in roles}
 
 
 def run_training(spec: DataSpec, data: Dataset, toks: dict[str, Any], model, config, *,
-                 max_seconds: float | None, log: Callable[[str], object] = print
-                 ) -> dict[str, Any]:  # fmt: skip
+                 max_seconds: float | None, log: Callable[[str], object] = print,
+                 resume: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Train and test; returns ``{"result", "test": metrics, "split": name}``.
 
+    ``resume``: a ``last`` checkpoint to continue exactly (:func:`~qkv.train.loop.fit`).
     ``log`` receives one line about the data before training starts. Under ``torchrun``
     every rank calls this alike: training is data-parallel, and the test split is shared
     out across the ranks and its metrics reduced.
@@ -148,9 +183,10 @@ def run_training(spec: DataSpec, data: Dataset, toks: dict[str, Any], model, con
             log(packing_line(ids, config.block_size) + f", vocabulary {tok.vocab_size}")
         else:
             ids, valid = tok.encode(data.train), tok.encode(data.valid)
-            log(f"text: {len(ids):,} training and {len(valid):,} validation characters, "
-                f"vocabulary {tok.vocab_size}")  # fmt: skip
-        result = train_lm(model, ids, config, valid_ids=valid, tokenizer=tok, callbacks=callbacks)
+            log(f"text: {len(ids):,} training and {len(valid):,} validation tokens "
+                f"({spec.tokenizer}), vocabulary {tok.vocab_size}")  # fmt: skip
+        result = train_lm(model, ids, config, valid_ids=valid, tokenizer=tok, callbacks=callbacks,
+                          resume=resume)  # fmt: skip
         keep_best(model, result)
         test = evaluate_lm(model, valid, block_size=config.block_size, pack=config.pack,
                            batch_size=config.batch_size or 32, distributed=distributed)  # fmt: skip
@@ -159,7 +195,7 @@ def run_training(spec: DataSpec, data: Dataset, toks: dict[str, Any], model, con
     log(f"pairs: {len(data.train):,} training, {len(data.valid):,} validation, "
                   f"{len(data.test):,} test")  # fmt: skip
     result = train_seq2seq(model, data.train, src_tok, tgt_tok, config, valid=data.valid,
-                           callbacks=callbacks)  # fmt: skip
+                           callbacks=callbacks, resume=resume)  # fmt: skip
     keep_best(model, result)
     test = evaluate_seq2seq(model, data.test, src_tok, tgt_tok, batch_size=256,
                             distributed=distributed)  # fmt: skip

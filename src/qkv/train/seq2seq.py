@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from qkv.data.batching import Seq2SeqBatch, bucket_batches, encode_pairs
+from qkv.data.datasets import dataset_pairs, is_torch_data
 from qkv.data.tasks import Task
 from qkv.data.tokenizers import PAD_ID, Tokenizer
 from qkv.distributed.data_parallel import all_gather_json, all_reduce_sum, current_world, share
@@ -32,12 +33,13 @@ from qkv.generate import translate
 from qkv.train.config import TrainConfig
 from qkv.train.loop import Callback, Job, TrainResult, fit
 from qkv.train.losses import token_loss
-from qkv.train.metrics import bleu, chrf, exact_match, perplexity
+from qkv.train.metrics import bleu, bleu_applies, chrf, exact_match, perplexity
 from qkv.train.parallel import train_device
 
 __all__ = ["SEQ2SEQ_METRICS", "evaluate_seq2seq", "train_seq2seq"]
 
 Pairs = Sequence[tuple[str, str]]
+# The metrics an evaluation may return ("bleu" only on references of >= 4 tokens on average).
 SEQ2SEQ_METRICS = ("loss", "perplexity", "token_accuracy", "exact_match", "bleu", "chrf")
 
 
@@ -57,8 +59,13 @@ def _check_fit(model: nn.Module, src_tok: Tokenizer, tgt_tok: Tokenizer) -> None
 
 
 def _as_pairs(name: str, pairs: Any) -> list[tuple[str, str]]:
+    if is_torch_data(pairs):
+        return dataset_pairs(name, pairs)
     if isinstance(pairs, str) or not isinstance(pairs, Sequence):
-        raise TypeError(f"{name} must be a Task or a list of (source, target) pairs")
+        raise TypeError(
+            f"{name} must be a Task, a list of (source, target) pairs or a torch Dataset/"
+            f"DataLoader of them, got {type(pairs).__name__}"
+        )
     return list(pairs)
 
 
@@ -94,7 +101,11 @@ def evaluate_seq2seq(
     Returns:
         ``{"loss", "perplexity", "token_accuracy", "exact_match", "bleu", "chrf"}``; loss is
         the unsmoothed mean negative log-likelihood per target token (EOS included), token
-        accuracy the fraction of target tokens the teacher-forced argmax gets right.
+        accuracy the fraction of target tokens the teacher-forced argmax gets right. When the
+        references average fewer than 4 BLEU tokens (:func:`~qkv.train.metrics.bleu_applies`:
+        perfect outputs would score 0.0) there is no ``"bleu"``; ``"bleu_ref_tokens"`` (that
+        mean) stands in its place, and :func:`~qkv.train.metrics.bleu_text` prints
+        ``BLEU n/a (...)``.
 
     Raises:
         ValueError: no pairs, vocabularies larger than the model's, a bad batch size.
@@ -136,14 +147,20 @@ def evaluate_seq2seq(
     refs = [t for _, t in pairs]
     if bleu_tokenize == "auto":
         bleu_tokenize = "13a" if any(any(c.isspace() for c in r) for r in refs) else "char"
-    return {
+    metrics = {
         "loss": nll / tokens,
         "perplexity": perplexity(nll, tokens) if math.isfinite(nll) else math.inf,
         "token_accuracy": correct / tokens,
         "exact_match": exact_match(hyps, refs),
-        "bleu": bleu(hyps, refs, tokenize=bleu_tokenize),
-        "chrf": chrf(hyps, refs),
     }
+    # 4) BLEU only where it means something: references of >= 4 tokens on average
+    meaningful, mean_tokens = bleu_applies(refs, tokenize=bleu_tokenize)
+    if meaningful:
+        metrics["bleu"] = bleu(hyps, refs, tokenize=bleu_tokenize)
+    else:
+        metrics["bleu_ref_tokens"] = mean_tokens
+    metrics["chrf"] = chrf(hyps, refs)
+    return metrics
 
 
 def train_seq2seq(
@@ -168,13 +185,17 @@ def train_seq2seq(
         model: e.g. :class:`qkv.models.Seq2SeqTransformer` (its vocabularies must hold the
             tokenizers', and its ``pad_id`` be 0); seed before building it for reproducible
             initial weights (in a data-parallel run every rank starts from rank 0's).
-        data: a :class:`~qkv.data.Task` (trains on ``train``, validates on ``valid``) or a
-            list of ``(source, target)`` pairs.
+        data: a :class:`~qkv.data.Task` (trains on ``train``, validates on ``valid``), a
+            list of ``(source, target)`` pairs, or a map-style :class:`torch.utils.data.Dataset`
+            (or a ``DataLoader`` over one) whose items are such pairs of ``str``: read once in
+            index order and batched as the list would be (the loader's own sampler and batch
+            size are not used; :mod:`qkv.data.datasets`).
         src_tok: tokenizer of the sources.
         tgt_tok: tokenizer of the targets; None = ``src_tok``.
         config: :class:`TrainConfig` (``batch_size`` or ``batch_tokens``; ``metric`` one of
             :data:`SEQ2SEQ_METRICS`).
-        valid: validation pairs (default: the task's ``valid`` split; none for plain pairs).
+        valid: validation pairs, as a list or a torch Dataset (default: the task's ``valid``
+            split; none for plain pairs).
         callbacks: see :data:`qkv.train.loop.Callback`.
         resume: see :func:`qkv.train.loop.fit`.
 
@@ -185,6 +206,8 @@ def train_seq2seq(
     Raises:
         ValueError: no training pairs, vocabularies larger than the model's, and as
             :func:`~qkv.train.loop.fit`.
+        TypeError: ``data`` of another type, or a Dataset whose first item is not a pair of
+            strings (the message names what it is).
     """
     tgt_tok = src_tok if tgt_tok is None else tgt_tok
     if isinstance(data, Task):
@@ -195,7 +218,8 @@ def train_seq2seq(
     if not train_pairs:
         raise ValueError("the training data holds no pairs")
     _check_fit(model, src_tok, tgt_tok)
-    valid = _as_pairs("valid", valid)[: config.eval_examples] if valid else None
+    valid = _as_pairs("valid", valid)[: config.eval_examples] if valid is not None else None
+    valid = valid or None
     examples = encode_pairs(train_pairs, src_tok, tgt_tok)
     device = train_device(config)
     distributed = current_world().parallel
