@@ -201,7 +201,8 @@ def test_hostile_tokens_and_title_draw_as_text(browser, tmp_path):
     model = DecoderLM(DecoderLMConfig(40, d_model=16, num_layers=1, num_heads=2)).eval()
     ids = torch.arange(len(tokens))[None] % 40  # (1, T)
     title = "</script><script>window.qkvPwned=1</script><!--<script>\u2028&amp;"
-    v = qi.view(model, tokens, tmp_path / "hostile.html", input_ids=ids, title=title)
+    v = qi.view(model, tokens, tmp_path / "hostile.html", input_ids=ids, title=title,
+                readable=False)  # the escaping of arbitrary strings
     browser.get(v.path.as_uri())
     got = browser.execute_script(
         """

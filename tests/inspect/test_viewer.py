@@ -173,7 +173,7 @@ def test_time_axis_labels_the_keys_in_seconds():
     data = page_data(v.html())
     src = data["tokens"]["source"]
     assert len(src) == 1500 and src[:3] == ["0.00 s", "0.02 s", "0.04 s"] and src[-1] == "29.98 s"
-    assert data["tokens"]["target"] == tokens
+    assert data["tokens"]["target"] == ["⟨sot⟩", "He", "llo", "·world", "."]  # readable
     assert data["axes"] == {"source": {"kind": "time", "seconds": 0.02, "unit": "s"},
                             "target": {"kind": "tokens"}}  # fmt: skip
     cross = data["groups"][1]

@@ -68,7 +68,9 @@ def hostile_view():
     tokens = [*HOSTILE, LONE_SURROGATE]
     model = DecoderLM(DecoderLMConfig(40, d_model=16, num_layers=1, num_heads=2)).eval()
     ids = torch.arange(len(tokens))[None] % 40  # (1, T)
-    return qi.view(model, tokens, input_ids=ids, title="<!--</script>" + "\u2028" + "&amp;"), tokens
+    title = "<!--</script>" + "\u2028" + "&amp;"
+    # readable=False: the labels as given, to test the escaping of arbitrary strings
+    return qi.view(model, tokens, input_ids=ids, title=title, readable=False), tokens
 
 
 @pytest.mark.parametrize("token", [*HOSTILE, LONE_SURROGATE], ids=ascii)

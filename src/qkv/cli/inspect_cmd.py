@@ -25,6 +25,7 @@ from qkv.checkpoint import is_qkv_checkpoint, load_checkpoint
 from qkv.cli.common import status
 from qkv.cli.inputs import read_stdin
 from qkv.cli.inspect_speech import inspect_speech
+from qkv.inspect.labels import readable_tokens
 
 __all__ = ["Prepared", "add_generation", "command", "load_model", "prepare_inputs"]
 
@@ -75,11 +76,17 @@ def _encode(tokenizer: Any, text: str, **kw: Any) -> list[int]:
         return list(tokenizer.encode(text))
 
 
-def _label(tokenizer: Any, i: int) -> str:
+def _piece(tokenizer: Any, i: int) -> str:
     piece = tokenizer.id_to_token(i) if hasattr(tokenizer, "id_to_token") else None
     if piece is None:
         piece = tokenizer.decode([i]) if tokenizer is not None else str(i)
-    return piece if piece.strip() else repr(piece)
+    return piece
+
+
+def _labels(tokenizer: Any, ids: list[int]) -> list[str]:
+    """Readable labels of ``ids`` (:func:`qkv.inspect.labels.readable_tokens`: ``Ġprinting``
+    -> ``·printing``, one marker per kind of space, special tokens as ``⟨s⟩``)."""
+    return readable_tokens([_piece(tokenizer, i) for i in ids])
 
 
 def prepare_inputs(model: torch.nn.Module, src_tok: Any, tgt_tok: Any, text: str,
@@ -102,7 +109,7 @@ def prepare_inputs(model: torch.nn.Module, src_tok: Any, tgt_tok: Any, text: str
     if len(ids) > max_tokens:
         notes.append(f"input cut to its first {max_tokens} of {len(ids)} tokens (--max-tokens)")
         ids = ids[:max_tokens]
-    p = Prepared(model, torch.tensor([ids]), [_label(src_tok, i) for i in ids], notes=notes)
+    p = Prepared(model, torch.tensor([ids]), _labels(src_tok, ids), notes=notes)
     if seq2seq:
         tgt_tok = tgt_tok or src_tok
         bos = model.config.bos_id
@@ -116,7 +123,7 @@ def prepare_inputs(model: torch.nn.Module, src_tok: Any, tgt_tok: Any, text: str
             tgt = _encode(tgt_tok, target)
         row = [bos, *tgt][:max_tokens]
         p.target = torch.tensor([row])
-        p.target_tokens = ["<bos>"] + [_label(tgt_tok, i) for i in row[1:]]
+        p.target_tokens = ["⟨bos⟩", *_labels(tgt_tok, row[1:])]
     return p
 
 
@@ -142,7 +149,7 @@ def add_generation(p: Prepared, tokenizer: Any, new_tokens: int) -> Any:
     gen = record_generation(p.model, p.input_ids, new_tokens)
     new = gen.new_ids.tolist()
     p.input_ids = gen.ids[None]  # (1, P + N)
-    p.tokens = p.tokens + [_label(tokenizer, i) for i in new]
+    p.tokens = p.tokens + _labels(tokenizer, new)
     p.notes.append(f"generated {len(new)} tokens greedily with the KV cache: "
                    f"{tokenizer.decode(new)!r}")  # fmt: skip
     return gen

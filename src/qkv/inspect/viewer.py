@@ -46,6 +46,7 @@ from qkv.inspect.adapters import key_side, query_side, run_model
 from qkv.inspect.capture import Captured
 from qkv.inspect.files import atomic_write
 from qkv.inspect.hookpoints import attention_layers, match_names
+from qkv.inspect.labels import readable_tokens
 from qkv.inspect.neuron import NeuronPages
 from qkv.inspect.timeline import Generation
 from qkv.inspect.viewer_data import LayerSummary, choose_top_k, time_labels
@@ -234,6 +235,7 @@ def view(
     neuron: bool = True,
     key_axis: str = "tokens",
     frame_seconds: float | None = None,
+    readable: bool = True,
 ) -> View:
     """Build the viewer for a model run or for weights already captured, and save it.
 
@@ -242,8 +244,10 @@ def view(
             which is run once on ``input_ids`` (and ``target`` for an encoder-decoder) while
             each layer's weights are rebuilt and compressed a block of rows at a time, or a
             :class:`~qkv.inspect.timeline.Generation` alone (a page with only its timeline).
-        tokens: labels of the input positions (a list of strings), or, for a model without
-            ``input_ids``, the ``(B, T)`` ids themselves (labelled by their values).
+        tokens: labels of the input positions (a list of strings: tokenizer pieces such as
+            ``Ġprinting`` are shown readable, :func:`qkv.inspect.labels.readable_tokens`), or,
+            for a model without ``input_ids``, the ``(B, T)`` ids themselves (labelled by
+            their values).
         path: write the HTML file here (None: only return the :class:`View`).
         target_tokens: labels of an encoder-decoder's target positions.
         input_ids, target: the model's inputs (models only).
@@ -265,6 +269,8 @@ def view(
             then be None.
         frame_seconds: seconds per source position (with ``key_axis="time"``; Whisper's
             encoder: 0.02).
+        readable: show token labels through :func:`qkv.inspect.labels.readable_tokens`
+            (False: exactly as given).
 
     Returns:
         a :class:`View`.
@@ -308,7 +314,8 @@ def view(
     if not summaries and timeline is None:
         raise ValueError("no attention layer was captured, so there is nothing to view")
     labels = _labels(tokens, "tokens")
-    data = _page_data(summaries, labels, _labels(target_tokens, "target_tokens"), title, axis)
+    data = _page_data(summaries, labels, _labels(target_tokens, "target_tokens"), title, axis,
+                      readable=readable)  # fmt: skip
     if timeline is not None:
         n = int(timeline.ids.numel())
         ids_labels = [str(i) for i in timeline.ids.tolist()]
@@ -339,7 +346,8 @@ def _axis(key_axis: Any, frame_seconds: Any, tokens: Any) -> dict[str, Any] | No
 
 def _page_data(summaries: list[LayerSummary], source: list[str] | None,
                target: list[str] | None, title: str | None,
-               axis: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+               axis: dict[str, Any] | None = None, *,
+               readable: bool = True) -> dict[str, Any]:  # fmt: skip
     """Group the layers (one group per stack and sublayer) and attach the position labels."""
     groups: dict[str, dict[str, Any]] = {}
     need = {"source": 0, "target": 0}
@@ -361,6 +369,8 @@ def _page_data(summaries: list[LayerSummary], source: list[str] | None,
                 f"{'tokens' if side == 'source' else 'target_tokens'} has {len(given)} labels "
                 f"but the attention covers {need[side]} positions"
             )
+        if readable and given and not (side == "source" and axis is not None):
+            given = readable_tokens(given)
         labels[side] = given[: need[side]] if given else [str(i) for i in range(need[side])]
     axes = {"source": axis or {"kind": "tokens"}, "target": {"kind": "tokens"}}
     return {"title": title or "qkv attention viewer", "tokens": labels, "axes": axes,
