@@ -1,20 +1,134 @@
-"""The README's usage example runs as written."""
+"""The README's code runs as written, and it links to nothing outside the repository.
+
+* Every ```python block is executed, in order, in one namespace (later blocks use earlier
+  imports).
+* Every command of every ```sh / ```bash block is either checked or exempt with its reason
+  (``EXEMPT``): each ``qkv ...`` command (also under ``torchrun -m qkv``) must name a real
+  subcommand whose ``--help`` works and whose options include every ``--option`` used; the
+  cheap ones (``RUN``) are also run for real, in a temporary folder.
+* ```text blocks are not code to run (the context-parallel sketch needs ``torchrun`` and a
+  process group; ``tests/distributed/`` runs the same calls).
+"""
 
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parents[1] / "README.md"
+FENCE = re.compile(r"```(\w*)\n(.*?)```", flags=re.S)
+
+# Commands that are not run or checked here, and why (matched by their first words).
+EXEMPT = {
+    "make demo": "the main job trains for over a minute; tests/cli/test_demo.py runs its parts",
+    "make test": "the test suite itself",
+    "pip install": "installs packages from an index; the tests run without a network",
+    "espeak-ng": "an optional system tool; tests/pretrained/test_whisper_cli.py uses it",
+}
+# qkv subcommands cheap enough to run for real (the tour: a few seconds).
+RUN = {"tour"}
+# Under torchrun the commands are only checked (torchrun's options and qkv's): they need
+# several processes (or nodes) and train.
+
+
+def blocks(language: str) -> list[str]:
+    return [body for lang, body in FENCE.findall(README.read_text()) if lang == language]
+
+
+def shell_commands() -> list[str]:
+    """Each command of the sh/bash blocks: continuations joined, comments dropped, lines
+    split at ``&&``, ``||`` and ``;``."""
+    out = []
+    for body in blocks("sh") + blocks("bash"):
+        for line in body.replace("\\\n", " ").splitlines():
+            words: list[str] = []
+            for word in [*shlex.split(line, comments=True), "&&"]:
+                if word in ("&&", "||", ";"):
+                    if words:
+                        out.append(shlex.join(words))
+                    words = []
+                else:
+                    words.append(word.rstrip(";"))
+    return out
+
+
+def test_readme_has_only_known_block_languages():
+    langs = {lang for lang, _ in FENCE.findall(README.read_text())}
+    assert langs <= {"python", "sh", "bash", "text"}, f"unchecked code blocks: {langs}"
 
 
 def test_readme_python_examples_run(capsys):
-    """Every python block, in order, in one namespace (later blocks use earlier imports)."""
-    text = README.read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(blocks) >= 2, "README lost its python examples"
+    """Every python block, in order, in one namespace."""
+    python = blocks("python")
+    assert len(python) >= 2, "README lost its python examples"
     namespace: dict = {}
-    for block in blocks:
+    for block in python:
         exec(compile(block, str(README), "exec"), namespace)
-    assert capsys.readouterr().out.startswith("auto -> torch")
+    out = capsys.readouterr().out
+    assert out.startswith("auto -> torch"), out[:200]
     assert namespace["logits"].shape == (2, 16, 1000)
+    assert "density=0.188" in out, "the flex example no longer prints the density it quotes"
+
+
+def _qkv_args(words: list[str]) -> list[str] | None:
+    """The arguments after ``qkv`` (or ``python -m qkv`` / ``torchrun ... -m qkv``)."""
+    if words[0] == "qkv":
+        return words[1:]
+    for i in range(len(words) - 1):
+        if words[i] == "-m" and words[i + 1] == "qkv":
+            return words[i + 2 :]
+    return None
+
+
+def test_readme_shell_commands_are_checked_or_exempt(tmp_path, monkeypatch):
+    typer = pytest.importorskip("typer", reason="the qkv command needs the cli extra")
+    from typer.testing import CliRunner
+
+    from qkv.cli.app import app
+
+    runner = CliRunner(env={"COLUMNS": "200", "TERMINAL_WIDTH": "200", "NO_COLOR": "1"})
+    group = typer.main.get_command(app)
+    monkeypatch.chdir(tmp_path)  # files the commands write (tour.html) land here
+    commands = shell_commands()
+    assert any(c.startswith("qkv ") for c in commands), "README lost its qkv commands"
+    ran = 0
+    for line in commands:
+        words = shlex.split(line)
+        args = _qkv_args(words)
+        if args is None:
+            reason = next((r for k, r in EXEMPT.items() if line.startswith(k)), None)
+            assert reason, f"README command neither checked nor exempt: {line!r}"
+            continue
+        if words[0] == "torchrun":  # torchrun's own options parse (the run is not started)
+            from torch.distributed.run import get_args_parser
+
+            filled = ["0" if w == "R" else w for w in words[1:]]  # the README's node rank R
+            parsed = get_args_parser().parse_args(filled)
+            assert parsed.module and parsed.training_script == "qkv", line
+        assert args and args[0] in group.commands, f"{line!r}: no qkv command {args[:1]}"
+        sub = group.commands[args[0]]
+        known = {o for p in sub.params for o in (*p.opts, *p.secondary_opts)}
+        unknown = [a.split("=")[0] for a in args[1:]
+                   if a.startswith("--") and a.split("=")[0] not in known]  # fmt: skip
+        assert not unknown, f"{line!r}: qkv {args[0]} has no option {unknown}"
+        result = runner.invoke(app, [args[0], "--help"])
+        assert result.exit_code == 0 and "Example" in result.output, (line, result.output)
+        if args[0] in RUN and words[0] == "qkv":
+            result = runner.invoke(app, args)
+            assert result.exit_code == 0, f"{line!r} failed:\n{result.output[-2000:]}"
+            ran += 1
+    assert ran >= 1, "no README command was run for real"
+    assert (tmp_path / "tour.html").stat().st_size > 10_000
+
+
+def test_readme_links_stay_inside_the_repository():
+    text = README.read_text()
+    urls = re.findall(r"(?:https?|ftp)://\S+|www\.\S+", text)
+    assert not urls, f"README links outside the repository: {urls}"
+    root = README.parent
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):  # markdown links [text](target)
+        path = (root / target.split("#")[0]).resolve()
+        assert path.is_relative_to(root) and path.exists(), f"README link to {target!r}"

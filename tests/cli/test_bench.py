@@ -154,3 +154,48 @@ def test_huge_runs_flash_in_a_subprocess_and_checks_24_gib(monkeypatch):
     assert "of free memory" in skipped["skipped"] and len(calls) == 1
     (check,) = [t for t in targets.check_targets([skipped]) if "65536" in t.name]
     assert check.status == "no data" and "of free memory" in check.detail
+
+
+def test_bench_plot_has_legends_and_named_axes(records):
+    from qkv.bench.plot import figure, plot_png
+
+    fig = figure(records)
+    for ax in fig.axes:
+        assert ax.get_xlabel() and ax.get_ylabel(), ax.get_title()
+        assert ax.get_legend() is not None or any(t.get_text() == "not measured"
+                                                  for t in ax.texts), ax.get_title()  # fmt: skip
+    timed = [ax for ax in fig.axes if ax.get_ylabel().startswith("seconds")]
+    labels = {t.get_text() for ax in timed for t in ax.get_legend().get_texts()}
+    assert {"flash", "torch", "flash causal"} <= labels, labels
+    assert plot_png(records)[:8] == b"\x89PNG\r\n\x1a\n"
+    assert figure([]) is None
+
+
+def test_quick_bench_prints_numbers_without_grading(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["bench", "--quick", "--no-memory", "--lengths", "16", "--dtypes", "float32",
+            "--decode-lengths", "32", "--threads", "1", "--repeats", "1"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "min ms" in result.output and "qkv flash" in result.output
+    assert "targets (speed" not in result.output and "NOT MET" not in result.output.upper()
+    assert "not graded against the targets" in result.output
+
+
+def test_bench_out_that_cannot_be_written_is_one_error_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    args = ["bench", "--quick", "--no-memory", "--lengths", "16", "--dtypes", "float32",
+            "--decode-lengths", "32", "--threads", "1", "--repeats", "1", "--out",
+            str(blocker / "sub")]
+    result = runner.invoke(app, args)
+    assert result.exit_code != 0
+    assert "error:" in result.output and "Traceback" not in result.output, result.output
+
+
+def test_bench_out_that_is_a_file_is_refused_before_measuring(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = runner.invoke(app, ["bench", "--quick", "--out", str(blocker)])
+    assert result.exit_code != 0
+    assert "is a file, not a folder" in result.output and "threads=" not in result.output

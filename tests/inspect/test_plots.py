@@ -38,7 +38,7 @@ def test_head_heatmap_has_the_asked_size(tmp_path, captured):
 
 def test_grid_alignment_rollout_positions_masks(tmp_path, captured):
     grid = qi.plot_grid(captured, tmp_path / "grid.png", cell=1.0, dpi=50)
-    assert png_size(grid) == (3 * 50, 6 * 50)  # 3 heads × 6 layers, 1 inch each
+    assert png_size(grid) == (3 * 50 + 30, 6 * 50)  # 3 heads × 6 layers, 1 inch each + bar
     align = qi.plot_alignment(captured, tmp_path / "a.png", src_tokens=list("abcdefghi"),
                               tgt_tokens=list("ABCDEFG"), figsize=(6, 5), dpi=50)  # fmt: skip
     assert png_size(align) == (300, 250)

@@ -1,10 +1,12 @@
-"""Log-log plot of the suite's time and peak memory against length (matplotlib, Agg)."""
+"""Log-log plot of the suite's time and peak memory against length (matplotlib's Agg canvas,
+no ``pyplot``: nothing global changes). :func:`plot_png` returns the PNG's bytes; the caller
+decides where (and whether) they are written."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import io
 
-__all__ = ["plot"]
+__all__ = ["figure", "plot_png"]
 
 COLORS = {"flash": "tab:blue", "auto": "tab:green", "math": "tab:red", "torch": "tab:gray"}
 
@@ -21,21 +23,32 @@ def _panels(records: list[dict]) -> list[tuple[str, list[dict]]]:
     return list(panels.items())
 
 
-def plot(records: list[dict], path: Path) -> Path | None:
-    """Write the figure to ``path``; None when there is nothing to plot.
+def plot_png(records: list[dict]) -> bytes | None:
+    """:func:`figure` as PNG bytes; None when there is nothing to plot."""
+    fig = figure(records)
+    if fig is None:
+        return None
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    return buffer.getvalue()
+
+
+def figure(records: list[dict]):
+    """The matplotlib Figure of the suite's records; None when there is nothing to plot.
 
     Top row: min time per call; bottom row: peak extra memory (fresh subprocess). Solid
-    lines are full attention, dashed causal; skipped configurations leave gaps.
+    lines are full attention, dashed causal; skipped configurations leave gaps. Every panel
+    with lines has a legend (backend, causal, dtype) and named axes.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     panels = _panels(records)
     if not panels:
         return None
-    fig, axes = plt.subplots(2, len(panels), figsize=(4 * len(panels), 7), squeeze=False)
+    fig = Figure(figsize=(4 * len(panels), 7))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, len(panels), squeeze=False)
     for col, (title, rows) in enumerate(panels):
         decode = title.startswith("decode")
         for backend, color in COLORS.items():
@@ -62,19 +75,20 @@ def plot(records: list[dict], path: Path) -> Path | None:
                         axes[1][col].plot(*zip(*mem, strict=True), line, color=color,
                                           marker="o", ms=3, label=label)
         axes[0][col].set_title(title, fontsize=10)
-        axes[1][col].set_xlabel("S" if decode else "T = S")
         for row, ylabel in ((0, "seconds per call (min)"), (1, "peak extra MiB")):
             ax = axes[row][col]
+            ax.set_xlabel("S (keys)" if decode else "T = S (tokens)")
+            ax.set_ylabel(ylabel)
             if ax.lines:
                 ax.set_xscale("log", base=2)
                 ax.set_yscale("log")
+                ax.legend(fontsize=7)
+            else:
+                ax.text(0.5, 0.5, "not measured" if row else "no timings", ha="center",
+                        va="center", transform=ax.transAxes, fontsize=8)  # fmt: skip
+                ax.set_xticks([])
+                ax.set_yticks([])
             ax.grid(True, which="both", alpha=0.3)
-            if col == 0:
-                ax.set_ylabel(ylabel)
-        axes[0][col].legend(fontsize=7)
     fig.suptitle("qkv bench: attention time and peak memory against length (log-log)")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig

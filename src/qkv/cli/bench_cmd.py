@@ -100,9 +100,10 @@ def command(
     console = Console(highlight=False, width=max(Console().width, 160))
     from qkv.bench import suite
     from qkv.bench.measure import machine_info
-    from qkv.bench.plot import plot
+    from qkv.bench.plot import plot_png
     from qkv.bench.targets import check_targets
     from qkv.cli.bench_report import print_report, write_json
+    from qkv.inspect.files import atomic_write
 
     try:
         config = suite.QUICK if quick else suite.BenchConfig()
@@ -143,6 +144,7 @@ def command(
     stem = "bench-quick" if quick else "bench"
     path = write_json(out / f"{stem}.json", header, records, targets)
     console.print(f"wrote {path}", markup=False)
-    png = plot(records, out / f"{stem}.png")
-    if png is not None:
+    image = plot_png(records)
+    if image is not None:
+        png = atomic_write(out / f"{stem}.png", image)
         console.print(f"wrote {png}", markup=False)

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from qkv.bench.targets import Target
+from qkv.inspect.files import atomic_write
 
 __all__ = ["print_report", "write_json"]
 
@@ -107,8 +108,7 @@ def print_report(console: Console, header: dict, records: list[dict],
 
 
 def write_json(path: Path, header: dict, records: list[dict], targets: list[Target]) -> Path:
-    """Everything of one run as JSON: the config and machine, every record, the checklist."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Everything of one run as JSON: the config and machine, every record, the checklist;
+    written atomically (folders are created)."""
     data = {"config": header, "records": records, "targets": [t.as_dict() for t in targets]}
-    path.write_text(json.dumps(data, indent=1))
-    return path
+    return atomic_write(path, json.dumps(data, indent=1))

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.inspect.capture import capture
-from qkv.inspect.plots import new_figure, save
+from qkv.inspect.plots import axis_note, display_labels, label_budget, new_figure, save
 
 __all__ = ["cross_attention_alignment", "plot_time_alignment"]
 
@@ -105,13 +105,16 @@ def plot_time_alignment(
     shown = matrix[:, :frames].detach().cpu().float()  # (T, frames)
     fig = new_figure(figsize, dpi)
     ax = fig.add_subplot(1, 1, 1)
-    ax.imshow(shown.numpy(), aspect="auto", cmap="viridis", interpolation="nearest",
-              extent=(0.0, frames * seconds_per_frame, T - 0.5, -0.5))  # fmt: skip
-    step = max(1, -(-T // 40))
+    image = ax.imshow(shown.numpy(), aspect="auto", cmap="viridis", interpolation="nearest",
+                      extent=(0.0, frames * seconds_per_frame, T - 0.5, -0.5))  # fmt: skip
+    fig.subplots_adjust(left=0.2, right=0.86, bottom=0.09, top=0.94)
+    texts = display_labels(tokens)
+    step = max(1, -(-T // label_budget(ax, "y")))
     ax.set_yticks(list(range(0, T, step)))
-    ax.set_yticklabels([tokens[i] for i in range(0, T, step)], fontsize=7)
+    ax.set_yticklabels([texts[i] for i in range(0, T, step)], fontsize=7)
     ax.set_xlabel("audio time (s)")
-    ax.set_ylabel("token")
+    ax.set_ylabel("token" + axis_note(T, T, len(range(0, T, step))))
     ax.set_title(title, fontsize=9)
-    fig.subplots_adjust(left=0.2, right=0.98, bottom=0.09, top=0.94)
+    bar = fig.colorbar(image, cax=fig.add_axes((0.88, 0.09, 0.025, 0.85)))
+    bar.set_label("cross-attention weight", fontsize=8)
     return save(fig, path)

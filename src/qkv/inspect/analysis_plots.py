@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from qkv.inspect.lens import Attribution, LogitLens
-from qkv.inspect.plots import new_figure, save
+from qkv.inspect.plots import axis_note, display_labels, label_budget, new_figure, save
 
 __all__ = ["plot_head_attribution", "plot_heatmap", "plot_logit_lens", "plot_patching"]
 
@@ -40,11 +40,14 @@ def _matrix(values: object, name: str) -> Tensor:
 
 
 def _ticks(labels: Sequence[str] | None, n: int, name: str, max_labels: int = 48):
+    """At most ``max_labels`` evenly spaced ticks, labelled by ``labels`` (cut to 14
+    characters) or by their indices."""
     if labels is not None and len(labels) != n:
         raise ValueError(f"{name} must have {n} labels, got {len(labels)}")
     step = max(1, -(-n // max_labels))
     positions = list(range(0, n, step))
-    return positions, [str(labels[i]) if labels is not None else str(i) for i in positions]
+    texts = [str(labels[i]) if labels is not None else str(i) for i in positions]
+    return positions, [t if len(t) <= 14 else t[:13] + "…" for t in texts]
 
 
 def plot_heatmap(
@@ -57,7 +60,7 @@ def plot_heatmap(
     col_ticks: Sequence[str] | None = None,
     title: str = "",
     center: float | None = None,
-    colorbar_label: str = "",
+    colorbar_label: str = "value",
     annotations: Sequence[Sequence[str]] | None = None,
     limits: tuple[float, float] | None = None,
     figsize: tuple[float, float] | None = None,
@@ -69,7 +72,7 @@ def plot_heatmap(
         values: the matrix, rows down (``row_label``), columns across (``col_label``).
         path: the PNG to write (folders are created).
         row_ticks, col_ticks: a label per row / column (default: indices).
-        title, colorbar_label: texts.
+        title, colorbar_label: texts (say what the colour measures).
         center: None for viridis from min to max; a number for diverging colours
             symmetric around it (e.g. 0 for signed attributions).
         annotations: ``R × C`` strings written in the cells (e.g. top tokens).
@@ -99,12 +102,13 @@ def plot_heatmap(
         reach = float((m - center).abs().max()) or 1.0
         kw = {"cmap": "RdBu_r", "vmin": center - reach, "vmax": center + reach}
     image = ax.imshow(m.numpy(), aspect="auto", interpolation="nearest", **kw)
-    yt, ytext = _ticks(row_ticks, R, "row_ticks")
-    xt, xtext = _ticks(col_ticks, C, "col_ticks")
-    ax.set_yticks(yt, ytext, fontsize=8)
-    ax.set_xticks(xt, xtext, fontsize=8, rotation=90 if col_ticks is not None else 0)
-    ax.set_xlabel(col_label)
-    ax.set_ylabel(row_label)
+    yt, ytext = _ticks(row_ticks, R, "row_ticks", label_budget(ax, "y"))
+    xt, xtext = _ticks(col_ticks, C, "col_ticks", label_budget(ax, "x"))
+    ax.set_yticks(yt, ytext, fontsize=7 if len(yt) > 24 else 8)
+    ax.set_xticks(xt, xtext, fontsize=7 if len(xt) > 24 else 8,
+                  rotation=90 if col_ticks is not None or C > 12 else 0)  # fmt: skip
+    ax.set_xlabel(col_label + axis_note(C, C, len(xt)))
+    ax.set_ylabel(row_label + axis_note(R, R, len(yt)))
     ax.set_title(title, fontsize=10)
     if annotations is not None:
         for r in range(R):
@@ -129,7 +133,7 @@ def plot_patching(grid: Tensor, path: str | os.PathLike, *, tokens: Sequence[str
     """
     if kind not in ("position", "head"):
         raise ValueError(f"kind must be 'position' or 'head', got {kind!r}")
-    cols = tokens if kind == "position" else None
+    cols = display_labels(tokens) if kind == "position" else None
     return plot_heatmap(grid, path, col_label=kind, col_ticks=cols, title=title, center=center,
                         colorbar_label=metric_label, dpi=dpi)  # fmt: skip
 
@@ -167,10 +171,13 @@ def plot_logit_lens(lens: LogitLens, path: str | os.PathLike, *, batch: int = 0,
         colour = lens.probs()[:, batch].gather(-1, index)[..., 0]  # (L+1, T)
         label = "p(target)"
     name = token_names or str
-    cells = [[name(int(t)) for t in row] for row in top[:, batch, :, 0]] if T <= 40 else None
+    cells = None
+    if T <= 40:  # wider inputs leave no room to write the top tokens in the cells
+        cells = [[t[:6] for t in display_labels([name(int(t)) for t in row])]
+                 for row in top[:, batch, :, 0]]  # fmt: skip
     rows = [f"block {i} in" for i in range(L1 - 1)] + ["output"]
-    return plot_heatmap(colour, path, row_label="", col_label="position", row_ticks=rows,
-                        col_ticks=tokens, title="logit lens", colorbar_label=label,
+    return plot_heatmap(colour, path, row_label="stream read", col_label="position", row_ticks=rows,
+                        col_ticks=display_labels(tokens), title="logit lens", colorbar_label=label,
                         annotations=cells, limits=(0.0, 1.0), dpi=dpi)  # fmt: skip
 
 
@@ -189,4 +196,5 @@ def plot_head_attribution(values: Attribution | Tensor, path: str | os.PathLike,
         heads = values.heads()  # (L, H, B)
         values = heads.mean(-1) if batch is None else heads[..., batch]
     return plot_heatmap(values, path, col_label="head", title=title, center=center,
-                        colorbar_label="logit contribution" if center == 0.0 else "", dpi=dpi)
+                        colorbar_label="logit contribution" if center == 0.0 else "score",
+                        dpi=dpi)  # fmt: skip

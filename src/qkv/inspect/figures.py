@@ -44,7 +44,8 @@ def plot_positions(
     ax = fig.add_axes((0.1, 0.12, 0.76, 0.78))
     image = ax.imshow(table.numpy(), cmap="RdBu", vmin=-1, vmax=1, aspect="auto",
                       interpolation="nearest")  # fmt: skip
-    fig.colorbar(image, cax=fig.add_axes((0.88, 0.12, 0.03, 0.78)))
+    bar = fig.colorbar(image, cax=fig.add_axes((0.88, 0.12, 0.03, 0.78)))
+    bar.set_label("value: sin (even dimensions), cos (odd)", fontsize=8)
     ax.set_title(f"sinusoidal positions: {max_len} positions × {d_model} dimensions", fontsize=10)
     ax.set_xlabel("dimension" + (" (block means)" if d_model > max_cells else ""))
     ax.set_ylabel("position" + (" (block means)" if max_len > max_cells else ""))
@@ -61,7 +62,7 @@ def plot_masks(
     max_cells: int = 256,
 ) -> Path:
     """Causal, padding and combined keep masks, one panel each (one padding and one combined
-    panel per sequence of the batch).
+    panel per sequence of the batch); a legend says white = may attend, black = masked.
 
     Args:
         length: the padded length ``T`` (queries and keys).
@@ -86,10 +87,23 @@ def plot_masks(
         ax.imshow(pool(m.double(), max_cells, max_cells).numpy(), cmap="gray", vmin=0, vmax=1,
                   interpolation="nearest")  # fmt: skip
         ax.set_title(title, fontsize=7)
-        ax.set_xticks([])
-        ax.set_yticks([])
-        ax.set_xlabel("key", fontsize=6)
+        ticks = _position_ticks(length, max_cells)
+        ax.set_xticks(ticks, [str(t) for t in ticks], fontsize=5)
+        ax.set_yticks(ticks, [str(t) for t in ticks], fontsize=5)
+        ax.set_xlabel("key position", fontsize=6)
         if i == 0:
-            ax.set_ylabel("query", fontsize=6)
-    fig.subplots_adjust(left=0.03, right=0.99, bottom=0.08, top=0.88, wspace=0.15)
+            ax.set_ylabel("query position", fontsize=6)
+    from matplotlib.patches import Patch
+
+    keys = [Patch(facecolor="white", edgecolor="black", label="may attend (True)"),
+            Patch(facecolor="black", edgecolor="black", label="masked (False)")]  # fmt: skip
+    fig.legend(handles=keys, loc="lower center", ncol=2, fontsize=6, frameon=False)
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.2, top=0.88, wspace=0.25)
     return save(fig, path)
+
+
+def _position_ticks(length: int, max_cells: int) -> list[int]:
+    """A few cell positions to label on a mask panel (ends included)."""
+    cells = min(length, max_cells)
+    step = max(1, -(-cells // 4))
+    return sorted({*range(0, cells, step), cells - 1})

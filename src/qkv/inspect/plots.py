@@ -9,7 +9,10 @@
 Figures are drawn on matplotlib's Agg canvas without ``pyplot``, so nothing global changes and
 no display is needed. Every PNG is exactly ``figsize × dpi`` pixels. Long inputs are shrunk to
 at most ``max_cells`` rows and columns by exact block means (:mod:`qkv.inspect.pool`) and at
-most ``max_labels`` tick labels are written, so thousands of tokens give a readable picture.
+most ``max_labels`` tick labels are written (fewer when they would overlap: the axis name then
+says ``"40 of 200 labelled"``), so thousands of tokens give a readable picture. Token labels
+are shown readable (:func:`qkv.inspect.labels.readable_tokens`: ``Ġthe`` -> ``·the``), and
+every figure has a colour bar that says what its colours measure.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torch import Tensor
 
 from qkv.inspect.capture import Captured
 from qkv.inspect.files import atomic_write
+from qkv.inspect.labels import readable_tokens
 from qkv.inspect.pool import bin_edges, pool
 
 __all__ = ["plot_alignment", "plot_grid", "plot_head", "plot_rollout", "rollout"]
@@ -54,8 +58,27 @@ def save(fig, path: str | os.PathLike) -> Path:
     return atomic_write(path, buffer.getvalue())
 
 
+def display_labels(labels: Sequence[str] | None) -> list[str] | None:
+    """Token pieces as readable text (one space marker, see :mod:`qkv.inspect.labels`), each
+    cut to 14 characters."""
+    if labels is None:
+        return None
+    texts = readable_tokens([str(t) for t in labels])
+    return [t if len(t) <= 14 else t[:13] + "…" for t in texts]
+
+
+def label_budget(ax, axis: str, points_per_label: float = 8.0) -> int:
+    """How many tick labels fit along ``axis`` (``"x"`` or ``"y"``) of ``ax`` at about
+    ``points_per_label`` points each (a 6-9 pt font with a gap)."""
+    box = ax.get_position()
+    width, height = ax.figure.get_size_inches()
+    inches = box.width * width if axis == "x" else box.height * height
+    return max(2, int(inches * 72 / points_per_label))
+
+
 def tick_labels(labels: Sequence[str] | None, n: int, cells: int, max_labels: int):
-    """Tick positions and texts for ``n`` positions drawn as ``cells`` cells."""
+    """Tick positions and texts for ``n`` positions drawn as ``cells`` cells: at most
+    ``max_labels``, evenly spaced; a pooled cell is labelled by its range of positions."""
     edges = bin_edges(n, cells)
     step = max(1, -(-cells // max_labels))
     ticks, texts = [], []
@@ -69,19 +92,41 @@ def tick_labels(labels: Sequence[str] | None, n: int, cells: int, max_labels: in
     return ticks, texts
 
 
+def axis_note(n: int, cells: int, shown: int) -> str:
+    """What the axis shows when it is shrunk or thinned, e.g. ``" (block means of 4;
+    every 2nd labelled)"``."""
+    notes = []
+    if cells < n:
+        notes.append(f"block means of ~{-(-n // cells)}")
+    if shown < cells:
+        notes.append(f"{shown} of {cells} labelled")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
 def draw_matrix(ax, matrix: Tensor, q_labels, k_labels, *, max_cells: int, max_labels: int,
-                vmax: float | None = None, labels: bool = True):  # fmt: skip
-    """Heatmap of ``matrix (T, S)`` on ``ax``, shrunk to ``max_cells``; returns the image."""
+                vmax: float | None = None, labels: bool = True, norm=None,
+                names: tuple[str, str] = ("query", "key")):  # fmt: skip
+    """Heatmap of ``matrix (T, S)`` on ``ax``, shrunk to ``max_cells``; returns the image.
+
+    With ``labels``, tick labels are the readable tokens (thinned to what fits the axis and
+    at most ``max_labels``), and the axis names say when cells are block means or labels
+    are thinned. ``norm`` (a matplotlib Normalize) replaces the linear ``0 .. vmax`` scale.
+    """
     T, S = matrix.shape
     small = pool(matrix.detach().double(), max_cells, max_cells)  # (R, C)
+    scale = {"norm": norm} if norm is not None else {"vmin": 0.0, "vmax": vmax}
     image = ax.imshow(small.numpy(), cmap=CMAP, aspect="auto", interpolation="nearest",
-                      vmin=0.0, vmax=vmax)  # fmt: skip
+                      **scale)  # fmt: skip
     if labels:
-        yt, ytext = tick_labels(q_labels, T, small.shape[0], max_labels)
-        xt, xtext = tick_labels(k_labels, S, small.shape[1], max_labels)
-        size = max(4.0, min(9.0, 400.0 / max(len(xt), len(yt), 1)))
-        ax.set_yticks(yt, ytext, fontsize=size)
-        ax.set_xticks(xt, xtext, fontsize=size, rotation=90)
+        q_text, k_text = display_labels(q_labels), display_labels(k_labels)
+        yt, ytext = tick_labels(q_text, T, small.shape[0],
+                                min(max_labels, label_budget(ax, "y")))  # fmt: skip
+        xt, xtext = tick_labels(k_text, S, small.shape[1],
+                                min(max_labels, label_budget(ax, "x")))  # fmt: skip
+        ax.set_yticks(yt, ytext, fontsize=7 if len(yt) > 24 else 8)
+        ax.set_xticks(xt, xtext, fontsize=7 if len(xt) > 24 else 8, rotation=90)
+        ax.set_ylabel(names[0] + axis_note(T, small.shape[0], len(yt)))
+        ax.set_xlabel(names[1] + axis_note(S, small.shape[1], len(xt)))
     else:
         ax.set_xticks([])
         ax.set_yticks([])
@@ -125,6 +170,9 @@ def plot_head(
     dpi: int = 100,
     max_cells: int = 256,
     max_labels: int = 64,
+    colorbar_label: str = "attention weight",
+    norm: Any = None,
+    axis_names: tuple[str, str] = ("query", "key"),
 ) -> Path:
     """Heatmap of one head's weights (queries down, keys across) with token labels.
 
@@ -137,7 +185,10 @@ def plot_head(
         title: the figure title (default: layer and head).
         figsize, dpi: the image is ``figsize · dpi`` pixels.
         max_cells: rows/columns drawn at most (longer inputs are block-averaged).
-        max_labels: tick labels per axis at most.
+        max_labels: tick labels per axis at most (fewer when they would not fit).
+        colorbar_label: the colour bar's text.
+        norm: a matplotlib ``Normalize`` for the colours (default: linear from 0 to the max).
+        axis_names: names of the rows and the columns.
 
     Returns:
         ``path`` as a ``Path``.
@@ -149,11 +200,15 @@ def plot_head(
     fig = new_figure(figsize, dpi)
     ax = fig.add_axes((0.18, 0.18, 0.68, 0.74))
     image = draw_matrix(ax, m, q_tokens, k_tokens if k_tokens is not None else q_tokens,
-                        max_cells=max_cells, max_labels=max_labels)  # fmt: skip
-    fig.colorbar(image, cax=fig.add_axes((0.88, 0.18, 0.03, 0.74)))
+                        max_cells=max_cells, max_labels=max_labels, norm=norm,
+                        names=axis_names)  # fmt: skip
+    values = m.detach().double()
+    ends = ("min" if float(values.min()) < image.norm.vmin else "",
+            "max" if float(values.max()) > image.norm.vmax * (1 + 1e-9) else "")
+    extend = {("", ""): "neither", ("min", "max"): "both"}.get(ends, ends[0] or ends[1])
+    bar = fig.colorbar(image, cax=fig.add_axes((0.88, 0.18, 0.03, 0.74)), extend=extend)
+    bar.set_label(colorbar_label, fontsize=8)
     ax.set_title(title or f"layer {layer}, head {head}", fontsize=10)
-    ax.set_xlabel("key")
-    ax.set_ylabel("query")
     return save(fig, path)
 
 
@@ -167,10 +222,12 @@ def plot_grid(
     dpi: int = 100,
     max_cells: int = 64,
 ) -> Path:
-    """Layers × heads grid of small heatmaps (each head scaled to its own maximum).
+    """Layers × heads grid of small heatmaps (queries down, keys across), each head divided by
+    its own maximum and drawn on a square-root scale so that every pattern shows; one colour
+    bar says so.
 
-    The figure is ``(heads · cell, layers · cell)`` inches, ``cell`` shrunk so neither side
-    exceeds 24 inches.
+    The figure is ``(heads · cell + 0.6, layers · cell)`` inches (0.6 for the colour bar),
+    ``cell`` shrunk so neither side exceeds 24 inches.
 
     Raises:
         TypeError: ``cap`` is not a :class:`Captured`.
@@ -183,18 +240,29 @@ def plot_grid(
         raise ValueError("nothing was captured: run the model inside `with capture(...)`")
     cols = max(len(cap.heads[n]) for n in names)
     cell = min(cell, 24.0 / cols, 24.0 / len(names))
-    fig = new_figure((cols * cell, len(names) * cell), dpi)
+    width, height = cols * cell + 0.6, len(names) * cell
+    fig = new_figure((width, height), dpi)
     weights = cap.weights
+    image = None
     for r, name in enumerate(names):
         for c, h in enumerate(cap.heads[name]):
             ax = fig.add_subplot(len(names), cols, r * cols + c + 1)
-            draw_matrix(ax, weights[name][batch, c], None, None, max_cells=max_cells,
-                        max_labels=1, labels=False)  # fmt: skip
+            w = weights[name][batch, c].detach().double()  # (T, S)
+            peak = float(w.max())
+            image = draw_matrix(ax, w / peak if peak > 0 else w, None, None,
+                                max_cells=max_cells, max_labels=1, norm=_sqrt(),
+                                labels=False)  # fmt: skip
             if c == 0:
                 ax.set_ylabel(name.replace(".self_attn", "").replace("_attn", ""), fontsize=6)
             if r == 0:
                 ax.set_title(f"head {h}", fontsize=7)
-    fig.subplots_adjust(left=0.08, right=0.99, bottom=0.01, top=0.95, wspace=0.08, hspace=0.12)
+    right = 1 - 0.6 / width
+    fig.subplots_adjust(left=0.08, right=right - 0.02, bottom=0.01, top=1 - 0.25 / height,
+                        wspace=0.08, hspace=0.12)  # fmt: skip
+    bar = fig.colorbar(image, cax=fig.add_axes((right + 0.1 / width, 0.1, 0.12 / width, 0.75)))
+    bar.set_label("weight / head's max, square-root scale (queries down, keys across)",
+                  fontsize=6)  # fmt: skip
+    bar.ax.tick_params(labelsize=6)
     return save(fig, path)
 
 
@@ -225,9 +293,11 @@ def plot_alignment(
     if name not in cross:
         raise ValueError(f"{name!r} is not a captured cross-attention layer; those are {cross}")
     m = cap.weights[name][batch].mean(0)  # (T_tgt, S_src)
+    heads = len(cap.heads[name])
     return plot_head(m, path, q_tokens=tgt_tokens, k_tokens=src_tokens, figsize=figsize,
-                     dpi=dpi, max_cells=max_cells,
-                     title=f"alignment: {name}, mean of {len(cap.heads[name])} heads")  # fmt: skip
+                     dpi=dpi, max_cells=max_cells, axis_names=("target token", "source token"),
+                     colorbar_label=f"cross-attention weight (mean of {heads} heads)",
+                     title=f"alignment: {name}, mean of {heads} heads")  # fmt: skip
 
 
 def rollout(cap: Captured, layers: Sequence[str] | None = None, batch: int = 0) -> Tensor:
@@ -268,7 +338,40 @@ def plot_rollout(
     dpi: int = 100,
     max_cells: int = 256,
 ) -> Path:
-    """Heatmap of :func:`rollout`. Raises: as :func:`rollout`."""
+    """Heatmap of :func:`rollout` on a logarithmic colour scale that leaves out the first key.
+
+    Rollout piles most of every row onto the first token (an attention sink: 99.9% of each
+    row through SmolLM2's 30 layers), so on a linear scale one bright column hides everything
+    else. The colours are the logarithm of the share, from the 5th percentile to the maximum
+    of the shares outside the first column; the first column, above the scale, saturates and
+    smaller shares (and the zeros above a causal diagonal) take the lowest colour. The colour
+    bar's label gives the first key's mean share.
+
+    Raises: as :func:`rollout`.
+    """
     r = rollout(cap, batch=batch)
+    rest = r[:, 1:][r[:, 1:] > 0]
+    if rest.numel() == 0:  # one key, or everything on the first one
+        rest = r[r > 0]
+    high = float(rest.max())
+    low = max(float(torch.quantile(rest.float(), 0.05)), high * 1e-8)
+    label = f"share, log scale without key 0 (key 0: {float(r[:, 0].mean()):.2%} of a row)"
     return plot_head(r, path, q_tokens=tokens, figsize=figsize, dpi=dpi, max_cells=max_cells,
-                     title="attention rollout (residual counted as 0.5)")  # fmt: skip
+                     colorbar_label=label, norm=_log(min(low, high / 10), high),
+                     title="attention rollout (residual counted as 0.5)",
+                     axis_names=("output position", "input token"))  # fmt: skip
+
+
+def _sqrt():
+    """A square-root colour scale on ``[0, 1]``: weak weights stay visible beside strong ones."""
+    from matplotlib.colors import PowerNorm
+
+    return PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
+
+
+def _log(vmin: float, vmax: float):
+    """A logarithmic colour scale; values below ``vmin`` (zeros too) take the lowest colour,
+    values above ``vmax`` the highest."""
+    from matplotlib.colors import LogNorm
+
+    return LogNorm(vmin=vmin, vmax=vmax, clip=True)
