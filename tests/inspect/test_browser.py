@@ -91,6 +91,16 @@ def test_opens_offline_without_errors_and_reacts(browser, two_viewers):
     assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0
     assert _errors(browser) == []
 
+    # An encoder-decoder's page opens on the cross-attention; the head view opens on one head.
+    assert browser.find_element("css selector", f"#{a} .qkv-cross").get_attribute(
+        "class").split()[-1] == "qkv-on"  # fmt: skip
+    browser.find_elements("css selector", f"#{a} .qkv-tabs button")[0].click()
+    chips = browser.find_elements("css selector", f"#{a} .qkv-head .qkv-chip")
+    assert sum("qkv-off" not in c.get_attribute("class") for c in chips) == 1
+    browser.find_element("css selector", f"#{a} .qkv-head .qkv-controls button").click()  # all
+    chips = browser.find_elements("css selector", f"#{a} .qkv-head .qkv-chip")
+    assert all("qkv-off" not in c.get_attribute("class") for c in chips)
+
     # Hovering a query token focuses it: other lines go, the drawing changes.
     before = (_canvas(browser, a, "qkv-head"), _attr(browser, a, "qkv-head", "data-lines"))
     b_draws = _attr(browser, b, "qkv-head", "data-draws")
@@ -111,9 +121,10 @@ def test_opens_offline_without_errors_and_reacts(browser, two_viewers):
     ActionChains(browser).move_to_element(
         browser.find_element("css selector", f"#{a} .qkv-title")).perform()
     layer0 = _canvas(browser, a, "qkv-head")
+    other = 1 - int(_attr(browser, a, "qkv-head", "data-layer"))  # it opened on either layer
     Select(browser.find_element("css selector", f"#{a} .qkv-head select.qkv-layer")
-           ).select_by_index(1)  # fmt: skip
-    assert _attr(browser, a, "qkv-head", "data-layer") == "1"
+           ).select_by_index(other)  # fmt: skip
+    assert _attr(browser, a, "qkv-head", "data-layer") == str(other)
     assert _canvas(browser, a, "qkv-head") != layer0
 
     # Turning a head off removes its lines.

@@ -152,8 +152,14 @@ def trace(
         for h in ("hook_resid_mid", "hook_resid_cross", "hook_resid_post")
         if getattr(block, h, None) is not None
     ]  # fmt: skip
+    followed = target if target is not None else input_ids  # the sequence position is in
+    ids_2d = isinstance(followed, Tensor) and followed.dim() == 2
+    T_in = int(followed.shape[-1]) if ids_2d else None
+    # Only the followed query row's weights are kept (not every layer's (T, S) matrices),
+    # when the row is known to exist; otherwise all rows, and the check below says why.
+    rows = position if T_in is None or -T_in <= position < T_in else None
     try:
-        with capture(model, layers=f"{stack.prefix}.*", record=names) as cap:
+        with capture(model, layers=f"{stack.prefix}.*", record=names, rows=rows) as cap:
             run_model(model, input_ids, target, model_kwargs)
     finally:
         if handle is not None:
@@ -170,11 +176,13 @@ def trace(
         sides["target"] = _labels(target_tokens, T, "target_tokens")
     own = sides[stack.side]
     result = Trace(position % T, own[position % T])
-    return _fill(result, cap, stack, recorded, names, sides, batch, top_k)
+    return _fill(result, cap, stack, recorded, names, sides, batch, top_k, one_row=rows is not None)
 
 
-def _fill(result: Trace, cap, stack: Stack, embeds, names, sides, batch: int, top_k: int) -> Trace:
-    """Append the stages to ``result`` from the captured weights and recorded streams."""
+def _fill(result: Trace, cap, stack: Stack, embeds, names, sides, batch: int, top_k: int,
+          one_row: bool = False) -> Trace:  # fmt: skip
+    """Append the stages to ``result`` from the captured weights (of the followed row only,
+    ``one_row``, or of every row) and recorded streams."""
     p = result.position
     previous: list[Tensor | None] = [None]
 
@@ -198,7 +206,7 @@ def _fill(result: Trace, cap, stack: Stack, embeds, names, sides, batch: int, to
             name = f"{stack.prefix}.{i}.{attr}"
             if name not in cap.calls or not cap.calls[name]:
                 continue
-            w = cap.weights[name][batch, :, p]  # (H, S)
+            w = cap.weights[name][batch, :, 0 if one_row else p]  # (H, S)
             keys = sides[key_side(name, cap.kinds[name])]
             heads = []
             for hi, h in enumerate(cap.heads[name]):

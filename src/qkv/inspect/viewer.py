@@ -373,5 +373,11 @@ def _page_data(summaries: list[LayerSummary], source: list[str] | None,
             given = readable_tokens(given)
         labels[side] = given[: need[side]] if given else [str(i) for i in range(need[side])]
     axes = {"source": axis or {"kind": "tokens"}, "target": {"kind": "tokens"}}
+    for g in groups.values():  # the page opens on the most focused head of each group
+        scores = [(f, li, h) for li, lay in enumerate(g["layers"])
+                  for h, f in zip(lay["heads"], lay["focus"], strict=True)]  # fmt: skip
+        best = max(scores, default=None)
+        if best is not None:
+            g["open"] = {"layer": best[1], "head": best[2], "focus": best[0]}
     return {"title": title or "qkv attention viewer", "tokens": labels, "axes": axes,
             "groups": list(groups.values())}  # fmt: skip

@@ -28,8 +28,9 @@ from qkv.inspect.pool import Pooler
 
 __all__ = ["TOPK_BUDGET", "LayerSummary", "b64", "choose_top_k", "time_labels", "weight_codes"]
 
-# Top-k entries (query × head × k) the whole page may hold: about 3 bytes each, ~12 MB at most.
-TOPK_BUDGET = 4_000_000
+# Top-k entries (query × head × k) the whole page may hold: 3 bytes each, 4/3 of that in base64:
+# ~6 MB at most (a 30-layer, 9-head model at 4,096 tokens keeps 1-2 lines per query and head).
+TOPK_BUDGET = 1_500_000
 
 
 def b64(a: np.ndarray) -> str:
@@ -68,7 +69,7 @@ class LayerSummary:
     """
 
     def __init__(self, name: str, kind: str, heads: list[int], T: int, S: int, *, k: int,
-                 thumb: int = 48, detail: int = 128) -> None:  # fmt: skip
+                 thumb: int = 48, detail: int = 96) -> None:  # fmt: skip
         self.name, self.kind, self.heads, self.T, self.S = name, kind, list(heads), T, S
         H = len(self.heads)
         self.k = max(1, min(k, S)) if S else 0
@@ -77,6 +78,8 @@ class LayerSummary:
         self.thumb = Pooler(T, max(S, 1), thumb, thumb, (H,))
         self.detail = Pooler(T, max(S, 1), detail, detail, (H,))
         self.rows_seen = 0
+        self.focus_sum = torch.zeros(H, dtype=torch.float64)  # see focus()
+        self.focus_rows = 0
 
     def add(self, first_row: int, block: Tensor) -> None:
         """Add query rows ``first_row ..`` given as ``block (H', n, S)``.
@@ -100,13 +103,28 @@ class LayerSummary:
         self.w[:, rows] = weight_codes(vals)  # (H', n, k)
         self.thumb.add(first_row, b)
         self.detail.add(first_row, b)
+        if S > 1:  # how sharply each row attends once the first key (a sink) is set aside
+            rest = b[..., 1:]  # (H', n, S - 1)
+            mass = rest.sum(-1).clamp(min=1e-12)  # (H', n)
+            self.focus_sum += (rest.amax(-1) / mass).double().sum(-1)
+            self.focus_rows += n
+
+    def focus(self) -> list[float]:
+        """Per head: the mean over query rows of ``max_j w_ij / Σ_j w_ij`` over the keys after
+        the first (an attention sink set aside): 1 = every row looks at one key, ``1/S`` =
+        uniform. The page opens on the most focused head."""
+        n = max(self.focus_rows, 1)
+        return [float(x) / n for x in self.focus_sum]
 
     @staticmethod
     def _picture(p: Pooler) -> dict[str, Any]:
         m = p.result()  # (H', R, C)
         top = m.flatten(1).amax(1) if m.numel() else torch.zeros(m.shape[0])  # (H',)
+        # the maximum without the first key column: what "discount the sink" scales to
+        rest = m[..., 1:].flatten(1).amax(1) if m.shape[-1] > 1 else top  # (H',)
         scaled = (m / top.clamp(min=1e-30)[:, None, None] * 255).round().clamp(0, 255)
         return {"r": p.R, "c": p.C, "max": [float(x) for x in top],
+                "maxRest": [float(x) for x in rest],
                 "data": b64(scaled.to(torch.uint8).numpy())}  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
@@ -116,4 +134,5 @@ class LayerSummary:
             "S": self.S, "k": self.k, "idxBytes": self.idx.dtype.itemsize,
             "idx": b64(self.idx), "w": b64(self.w),
             "thumb": self._picture(self.thumb), "detail": self._picture(self.detail),
+            "focus": self.focus(),
         }  # fmt: skip

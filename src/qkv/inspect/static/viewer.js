@@ -52,13 +52,18 @@ function qkvViewer(root) {
     s.addEventListener("change", () => onchange(+s.value));
     return s;
   }
-  function paint(canvas, pic, head) { // one head of a block-mean picture into a canvas
+  // The colour scale's top: the head's maximum, or (sink discounted) its maximum outside the
+  // first key column, above which cells saturate.
+  function scaleTop(pic, head, sink) {
+    return sink && pic.maxRest && pic.maxRest[head] > 0 ? pic.maxRest[head] : pic.max[head];
+  }
+  function paint(canvas, pic, head, sink) { // one head of a block-mean picture into a canvas
     canvas.width = pic.c; canvas.height = pic.r;
     if (!pic._u8) pic._u8 = bytes(pic.data);
     const ctx = canvas.getContext("2d"), img = ctx.createImageData(pic.c, pic.r);
-    const off = head * pic.r * pic.c;
+    const off = head * pic.r * pic.c, gain = pic.max[head] / scaleTop(pic, head, sink);
     for (let p = 0; p < pic.r * pic.c; p++) {
-      const v = pic._u8[off + p];
+      const v = Math.min(255, Math.round(pic._u8[off + p] * gain));
       img.data[p * 4] = RAMP[v * 3]; img.data[p * 4 + 1] = RAMP[v * 3 + 1];
       img.data[p * 4 + 2] = RAMP[v * 3 + 2]; img.data[p * 4 + 3] = 255;
     }
@@ -67,7 +72,10 @@ function qkvViewer(root) {
 
   // Head view: queries left, keys right, lines to the top-k keys; only visible rows are drawn.
   function HeadView(panel, groups) {
-    const st = { g: 0, layer: 0, heads: null, focus: null, frame: 0 };
+    // Opens on one head (the group's most focused: see viewer_data.focus), not a tangle of all.
+    const open = groups[0].open;
+    const st = { g: 0, layer: open ? open.layer : 0, heads: open ? new Set([open.head]) : null,
+      focus: null, frame: 0 };
     const controls = el("div", "qkv-controls"), axesRow = el("div", "qkv-axes");
     panel.append(controls, axesRow);
     const scroll = el("div", "qkv-scroll"), stage = el("div", "qkv-stage");
@@ -90,7 +98,9 @@ function qkvViewer(root) {
       controls.textContent = "";
       if (groups.length > 1) {
         controls.append(el("span", "", "Attention:"), select(groups.map(g => g.title), g => {
-          st.g = g; st.layer = 0; st.heads = null; st.focus = null; buildControls(); layout(); draw();
+          const o = groups[g].open;
+          st.g = g; st.layer = o ? o.layer : 0; st.heads = o ? new Set([o.head]) : null;
+          st.focus = null; buildControls(); layout(); draw();
         }));
         controls.lastChild.value = st.g;
       }
@@ -103,6 +113,14 @@ function qkvViewer(root) {
       const heads = L[st.layer].heads;
       if (!st.heads) st.heads = new Set(heads);
       controls.appendChild(el("span", "", "Heads:"));
+      const all = el("button", "", "all"), none = el("button", "", "one");
+      all.title = "show every head"; none.title = "show only the most focused head";
+      all.addEventListener("click", () => { st.heads = new Set(heads); buildControls(); draw(); });
+      none.addEventListener("click", () => {
+        const f = L[st.layer].focus, best = f ? heads[f.indexOf(Math.max(...f))] : heads[0];
+        st.heads = new Set([best]); buildControls(); draw();
+      });
+      controls.append(all, none);
       heads.forEach(h => {
         const chip = el("span", "qkv-chip" + (st.heads.has(h) ? "" : " qkv-off"));
         const sw = el("i"); sw.style.background = colour(h);
@@ -129,7 +147,11 @@ function qkvViewer(root) {
       hq.style.width = COLW + "px"; hk.style.marginLeft = LINEW + "px";
       axesRow.append(hq, hk);
       panel.dataset.keyAxis = axis(g.k).kind;
-      note.textContent = `${l.T} queries × ${l.S} keys; lines to each query's ${l.k} most-attended ` +
+      const o = g.open;
+      note.textContent = (o ? `Opened on layer ${g.layers[o.layer].name}, head ${o.head}: the most ` +
+        `focused head (mean top key share ${o.focus.toFixed(2)}, first key set aside); click ` +
+        "heads to add them, \"all\" for every head. " : "") +
+        `${l.T} queries × ${l.S} keys; lines to each query's ${l.k} most-attended ` +
         "keys, opacity = weight relative to its strongest key. Hover a token to focus it (a key's " +
         "tooltip then shows its weight); scroll for more.";
     }
@@ -234,54 +256,101 @@ function qkvViewer(root) {
     }
   }
 
-  // Model view: layers × heads thumbnails; a click opens one larger.
+  // Model view: layers × heads thumbnails; a click opens one as a heatmap with token labels
+  // on both axes and a colour scale. "Discount the sink" scales colours to each head's maximum
+  // outside the first key (which often takes most of every row) and saturates that key.
   function ModelView(panel, groups) {
-    const st = { g: 0 };
+    const st = { g: 0, sink: false, open: null };
     const controls = el("div", "qkv-controls"), body = el("div", "qkv-model");
     panel.append(controls, body);
+    function binLabels(labels, n, bins) { // the first label of each block-mean bin
+      return Array.from({ length: bins }, (_, b) => {
+        const i0 = Math.floor(b * n / bins), i1 = Math.floor((b + 1) * n / bins);
+        return (labels[i0] ?? String(i0)) + (i1 - i0 > 1 ? ` …(${i1 - i0})` : "");
+      });
+    }
+    function axisLabels(box, texts, vertical) { // at most ~24 labels, evenly thinned
+      box.textContent = "";
+      const step = Math.max(1, Math.ceil(texts.length / 24)), size = 360 / texts.length;
+      for (let b = 0; b < texts.length; b += step) {
+        const t = el("span", "qkv-hlab", texts[b]);
+        t.title = texts[b];
+        if (vertical) t.style.top = (b + 0.5) * size + "px"; else t.style.left = (b + 0.5) * size + "px";
+        box.appendChild(t);
+      }
+    }
     function build() {
       controls.textContent = ""; body.textContent = "";
       if (groups.length > 1) {
-        const s = select(groups.map(g => g.title), g => { st.g = g; build(); });
+        const s = select(groups.map(g => g.title), g => { st.g = g; st.open = null; build(); });
         s.value = st.g;
         controls.append(el("span", "", "Attention:"), s);
       }
-      controls.appendChild(el("span", "qkv-note", "Each head scaled to its own maximum; click one to open it."));
-      const L = groups[st.g].layers, cols = Math.max(...L.map(l => l.heads.length));
+      const sinkBox = el("input"); sinkBox.type = "checkbox"; sinkBox.checked = st.sink;
+      sinkBox.className = "qkv-sink";
+      const sinkLab = el("label", "", " discount the first key (attention sink)");
+      sinkLab.prepend(sinkBox);
+      sinkBox.addEventListener("change", () => { st.sink = sinkBox.checked; build(); });
+      controls.append(sinkLab, el("span", "qkv-note", "Each head scaled to its own maximum; click one to open it."));
+      const g = groups[st.g], L = g.layers, cols = Math.max(...L.map(l => l.heads.length));
       const grid = el("div", "qkv-grid");
       grid.style.gridTemplateColumns = `auto repeat(${cols}, 58px)`;
       const wrap = el("div"); wrap.style.maxHeight = "620px"; wrap.style.overflowY = "auto";
       wrap.appendChild(grid);
       grid.appendChild(el("span"));
       for (let c = 0; c < cols; c++) grid.appendChild(el("span", "qkv-lab", "head " + (L[0].heads[c] ?? c)));
-      const detail = el("div", "qkv-detail"), cap = el("div", "qkv-note"), big = el("canvas");
-      const ticks = el("div", "qkv-ticks");
-      detail.append(big, ticks, cap);
+      const detail = el("div", "qkv-detail"), cap = el("div", "qkv-note");
+      const heat = el("div", "qkv-heat"), ylab = el("div", "qkv-ylabels"), big = el("canvas");
+      const xlab = el("div", "qkv-xlabels"), bar = el("div", "qkv-cbar"), ticks = el("div", "qkv-ticks");
+      heat.append(ylab, big, bar);
+      detail.append(heat, xlab, ticks, cap);
+      function openHead(li, c, cv) {
+        const l = L[li];
+        grid.querySelectorAll("canvas.qkv-picked").forEach(x => x.classList.remove("qkv-picked"));
+        if (cv) cv.classList.add("qkv-picked");
+        paint(big, l.detail, c, st.sink);
+        const d = l.detail, top = scaleTop(d, c, st.sink);
+        axisLabels(ylab, binLabels(data.tokens[g.q], l.T, d.r), true);
+        if (axis(g.k).kind === "time") { xlab.textContent = ""; timeTicks(ticks, g.k, l.S); } else {
+          ticks.textContent = ""; axisLabels(xlab, binLabels(data.tokens[g.k], l.S, d.c), false);
+        }
+        bar.textContent = "";
+        const strip = el("canvas", "qkv-cbar-strip"); strip.width = 1; strip.height = 256;
+        const sctx = strip.getContext("2d"), img = sctx.createImageData(1, 256);
+        for (let v = 0; v < 256; v++) {
+          const q = (255 - v) * 4;
+          img.data[q] = RAMP[v * 3]; img.data[q + 1] = RAMP[v * 3 + 1]; img.data[q + 2] = RAMP[v * 3 + 2]; img.data[q + 3] = 255;
+        }
+        sctx.putImageData(img, 0, 0);
+        bar.append(el("span", "qkv-cbar-top", top.toPrecision(3) + (st.sink ? "+" : "")), strip,
+          el("span", "qkv-cbar-bottom", "0"));
+        bar.title = "attention weight" + (st.sink ? " (first key saturates above the top)" : "");
+        cap.textContent = `${l.name}, head ${l.heads[c]}: ${l.T} queries (down) × ${l.S} keys (across)` +
+          (d.r < l.T || d.c < l.S ? `, block means ${d.r} × ${d.c}` : "") +
+          `; colour: weight from 0 to ${top.toPrecision(3)}` +
+          (st.sink ? ` (the maximum outside the first key; the first key's ${d.max[c].toPrecision(3)} saturates)` :
+            " (the head's maximum)") +
+          (axis(g.k).kind === "time" ? `; keys: ${axisText(g.k, l.S)}` : "");
+        panel.dataset.open = `${li},${l.heads[c]}`;
+        st.open = [li, c];
+      }
       L.forEach((l, li) => {
         grid.appendChild(el("span", "qkv-lab", l.name));
         for (let c = 0; c < cols; c++) {
           if (c >= l.heads.length) { grid.appendChild(el("span")); continue; }
           const cv = el("canvas");
-          paint(cv, l.thumb, c);
+          paint(cv, l.thumb, c, st.sink);
           cv.title = `${l.name}, head ${l.heads[c]}`;
           cv.dataset.layer = li; cv.dataset.head = l.heads[c];
-          cv.addEventListener("click", () => {
-            grid.querySelectorAll("canvas.qkv-picked").forEach(x => x.classList.remove("qkv-picked"));
-            cv.classList.add("qkv-picked");
-            paint(big, l.detail, c);
-            timeTicks(ticks, groups[st.g].k, l.S);
-            const d = l.detail;
-            cap.textContent = `${l.name}, head ${l.heads[c]}: ${l.T} queries × ${l.S} keys` +
-              (d.r < l.T || d.c < l.S ? ` (block means, ${d.r} × ${d.c})` : "") +
-              `; brightest = ${d.max[c].toPrecision(3)}` +
-              (axis(groups[st.g].k).kind === "time" ? `; keys: ${axisText(groups[st.g].k, l.S)}` : "");
-            panel.dataset.open = `${li},${l.heads[c]}`;
-          });
+          cv.addEventListener("click", () => openHead(li, c, cv));
           grid.appendChild(cv);
         }
       });
       body.append(wrap, detail);
-      cap.textContent = "Click a thumbnail.";
+      // Open the head shown before, else the group's most focused head.
+      const o = st.open || (g.open ? [g.open.layer, L[g.open.layer].heads.indexOf(g.open.head)] : [0, 0]);
+      const pick = grid.querySelector(`canvas[data-layer="${o[0]}"][data-head="${L[o[0]].heads[o[1]]}"]`);
+      openHead(o[0], Math.max(0, o[1]), pick);
     }
     build();
   }
@@ -316,7 +385,9 @@ function qkvViewer(root) {
     b.addEventListener("click", show);
     return show;
   });
-  panels[0]();
+  // An encoder-decoder's page opens on its cross-attention (what connects output to input).
+  const first = views.findIndex(v => v[1] === "qkv-cross");
+  panels[first >= 0 ? first : 0]();
   root.dataset.ready = "1";
   root.dataset.renderMs = (performance.now() - t0).toFixed(1);
 }
