@@ -357,3 +357,42 @@ def test_time_axis_for_speech_cross_attention(browser, tmp_path):
     assert ticks == ["0.00 s", "7.50 s", "15.00 s", "22.50 s", "30.00 s"], ticks
     browser.save_screenshot(str(tmp_path / "speech-model-view.png"))
     assert _errors(browser) == []
+
+
+def test_smollm2_views_are_legible_screenshots(browser, tmp_path):
+    """SmolLM2-135M on ~160 tokens of English: readable labels everywhere, one head drawn at
+    first, a labelled heatmap with a colour bar, the sink toggle; screenshots of each view
+    are kept in the test's folder (looked at while writing this test)."""
+    import qkv.pretrained
+
+    b = qkv.pretrained.load("SmolLM2-135M-Instruct")
+    text = ("The printing press was invented by Johannes Gutenberg around 1440. It allowed "
+            "books to be produced quickly and cheaply.\n") * 6
+    ids = b.tokenizer.encode(text)[:160]
+    pieces = [b.tokenizer.id_to_token(i) for i in ids]
+    v = qi.view(b.model, pieces, tmp_path / "smollm2.html", input_ids=torch.tensor([ids]),
+                title="SmolLM2-135M, 160 tokens")  # fmt: skip
+    browser.get(v.path.as_uri())
+    root = browser.find_element("css selector", ".qkv-viewer")
+    assert root.get_attribute("data-ready") == "1" and _errors(browser) == []
+    text_shown = browser.execute_script("return document.querySelector('.qkv-viewer').innerText")
+    assert "Ġ" not in text_shown and "Ċ" not in text_shown and "·printing" in text_shown
+    chips = browser.find_elements("css selector", ".qkv-head .qkv-chip")
+    assert sum("qkv-off" not in c.get_attribute("class") for c in chips) == 1  # one head
+    assert "the most focused head" in browser.find_element("css selector", ".qkv-head .qkv-note").text
+    browser.save_screenshot(str(tmp_path / "smollm2-head-view.png"))
+    browser.find_elements("css selector", ".qkv-tabs button")[1].click()
+    ylabels = browser.find_elements("css selector", ".qkv-model-view .qkv-ylabels .qkv-hlab")
+    xlabels = browser.find_elements("css selector", ".qkv-model-view .qkv-xlabels .qkv-hlab")
+    assert len(ylabels) >= 10 and len(xlabels) >= 10 and ylabels[0].text == "The"
+    top = browser.find_element("css selector", ".qkv-model-view .qkv-cbar-top").text
+    browser.save_screenshot(str(tmp_path / "smollm2-model-view.png"))
+    browser.find_element("css selector", ".qkv-model-view input.qkv-sink").click()
+    top_sink = browser.find_element("css selector", ".qkv-model-view .qkv-cbar-top").text
+    assert top_sink.endswith("+") and float(top_sink[:-1]) <= float(top), (top, top_sink)
+    browser.save_screenshot(str(tmp_path / "smollm2-model-view-sink.png"))
+    browser.find_elements("css selector", ".qkv-tabs button")[2].click()
+    browser.save_screenshot(str(tmp_path / "smollm2-neuron-view.png"))
+    assert _errors(browser) == []
+    assert all((tmp_path / f"smollm2-{n}.png").stat().st_size > 20_000
+               for n in ("head-view", "model-view", "model-view-sink", "neuron-view"))  # fmt: skip
