@@ -96,3 +96,16 @@ def test_errors():
     kept = quantize_(_model(), "int8", skip=lambda name, m: name == "lm_head")
     assert type(kept.lm_head) is nn.Linear
     assert "int8 per-channel" in repr(kept.blocks[0].self_attn.q_proj)
+
+
+def test_scratch_buffer_serves_inference_mode_and_plain_calls():
+    """The reused dequantisation buffer works under inference_mode, no_grad and grad mode,
+    in any order (it is never an inference tensor)."""
+    q = quantize_(_model(), "int8")
+    ids = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        a = q(ids)
+    with torch.no_grad():
+        b = q(ids)
+    c = q(ids)
+    assert torch.equal(a, b) and torch.equal(b, c.detach())

@@ -40,6 +40,28 @@ def _rows_blocks(out_features: int) -> list[tuple[int, int]]:
     return [(i, min(out_features, i + _ROWS)) for i in range(0, out_features, _ROWS)]
 
 
+_SCRATCH: dict[tuple[torch.dtype, torch.device], Tensor] = {}
+
+
+def _scratch(rows: int, cols: int, like: Tensor) -> Tensor | None:
+    """A reused ``(rows, cols)`` buffer for one dequantised block, or None while tracing.
+
+    Allocating a fresh block of megabytes at every call goes through the system allocator's
+    mmap path (pages zeroed by the kernel each time) and made int8 decoding up to 2x slower,
+    depending on the allocator's state; one buffer per dtype and device avoids it. Not for
+    concurrent use from several threads.
+    """
+    if torch.compiler.is_compiling() or like.requires_grad:
+        return None
+    key = (like.dtype, like.device)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < rows * cols:
+        with torch.inference_mode(False):  # an ordinary tensor: writable in and out of it
+            buf = torch.empty(rows * cols, dtype=like.dtype, device=like.device)
+        _SCRATCH[key] = buf
+    return buf[: rows * cols].view(rows, cols)
+
+
 class _QuantLinear(nn.Module):
     """Common forward: ``y = x Wᵀ + b`` with ``W`` dequantised block by block."""
 
@@ -48,27 +70,29 @@ class _QuantLinear(nn.Module):
     bias: Tensor | None
     weight_dtype: torch.dtype  # the float layer's dtype: what inputs must have
 
-    def _block(self, start: int, stop: int, dtype: torch.dtype) -> Tensor:
+    def _block(self, start: int, stop: int, dtype: torch.dtype,
+               out: Tensor | None = None) -> Tensor:  # fmt: skip
+        """Rows ``start:stop`` of the dequantised weight (written into ``out`` if given)."""
         raise NotImplementedError
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """The ``(out, in)`` float weight this module multiplies by."""
         return torch.cat([self._block(a, b, dtype) for a, b in _rows_blocks(self.out_features)])
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``(*, in) -> (*, out)``, as ``nn.Linear``."""
+    def _check(self, x: Tensor) -> None:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"{type(self).__name__}: x must end in in_features="
                              f"{self.in_features}, got shape {tuple(x.shape)}")  # fmt: skip
-        blocks = _rows_blocks(self.out_features)
-        if len(blocks) == 1:
-            return F.linear(x, self._block(0, self.out_features, x.dtype), self._bias(x))
-        parts = [F.linear(x, self._block(a, b, x.dtype)) for a, b in blocks]
-        out = torch.cat(parts, dim=-1)  # (*, out)
-        return out if self.bias is None else out + self.bias.to(x.dtype)
 
-    def _bias(self, x: Tensor) -> Tensor | None:
-        return None if self.bias is None else self.bias.to(x.dtype)
+    def forward(self, x: Tensor) -> Tensor:
+        """``(*, in) -> (*, out)``, as ``nn.Linear``."""
+        self._check(x)
+        parts = []
+        for a, b in _rows_blocks(self.out_features):
+            w = self._block(a, b, x.dtype, _scratch(b - a, self.in_features, x))
+            parts.append(F.linear(x, w))  # (*, b - a)
+        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)  # (*, out)
+        return out if self.bias is None else out + self.bias.to(x.dtype)
 
 
 class Int8Linear(_QuantLinear):
@@ -92,17 +116,24 @@ class Int8Linear(_QuantLinear):
         bias = None if linear.bias is None else linear.bias.detach().clone()
         self.register_buffer("bias", bias)
 
-    def _block(self, start: int, stop: int, dtype: torch.dtype) -> Tensor:
+    def _block(self, start: int, stop: int, dtype: torch.dtype,
+               out: Tensor | None = None) -> Tensor:  # fmt: skip
         scale = self.scale[start:stop, None].to(dtype)  # (rows, 1)
-        return self.qweight[start:stop].to(dtype) * scale  # (rows, in)
+        if out is None:
+            return self.qweight[start:stop].to(dtype) * scale  # (rows, in)
+        return out.copy_(self.qweight[start:stop]).mul_(scale)  # (rows, in)
+
+    def _codes(self, start: int, stop: int, like: Tensor) -> Tensor:
+        """Rows ``start:stop`` of the int8 codes as floats (into the scratch buffer)."""
+        buf = _scratch(stop - start, self.in_features, like)
+        q = self.qweight[start:stop]
+        return q.to(like.dtype) if buf is None else buf.copy_(q)
 
     def forward(self, x: Tensor) -> Tensor:
         """``(*, in) -> (*, out)``: ``(x qᵀ) · s + b``, the per-channel scale applied to the
         output (``out`` multiplications, not ``out · in``)."""
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"Int8Linear: x must end in in_features={self.in_features}, got "
-                             f"shape {tuple(x.shape)}")  # fmt: skip
-        parts = [F.linear(x, self.qweight[a:b].to(x.dtype))
+        self._check(x)
+        parts = [F.linear(x, self._codes(a, b, x))
                  for a, b in _rows_blocks(self.out_features)]  # fmt: skip
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)  # (*, out)
         out = out * self.scale.to(x.dtype)
@@ -149,14 +180,19 @@ class Int4Linear(_QuantLinear):
         bias = None if linear.bias is None else linear.bias.detach().clone()
         self.register_buffer("bias", bias)
 
-    def _block(self, start: int, stop: int, dtype: torch.dtype) -> Tensor:
+    def _block(self, start: int, stop: int, dtype: torch.dtype,
+               out: Tensor | None = None) -> Tensor:  # fmt: skip
+        rows, g = stop - start, self.group_size
         p = self.packed[start:stop]  # (rows, K/2)
-        q = torch.stack((p & 15, p >> 4), dim=-1).view(stop - start, -1)  # (rows, K)
-        g = self.group_size
-        q = q.view(stop - start, -1, g).to(dtype)  # (rows, G, g)
-        w = (q - self.zero[start:stop, :, None].to(dtype)) * self.scale[start:stop, :, None].to(
-            dtype)  # (rows, G, g)
-        return w.view(stop - start, self.in_features)  # (rows, K)
+        if out is None:
+            out = torch.empty(rows, self.in_features, dtype=dtype, device=p.device)
+        pairs = out.view(rows, -1, 2)  # (rows, K/2, 2): low nibble first
+        pairs[..., 0].copy_(p & 15)
+        pairs[..., 1].copy_(p >> 4)
+        w = out.view(rows, -1, g)  # (rows, G, g)
+        w.sub_(self.zero[start:stop, :, None].to(dtype)).mul_(
+            self.scale[start:stop, :, None].to(dtype))  # (q - zero) · scale
+        return out  # (rows, K)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
