@@ -365,7 +365,8 @@ def report(console: Console, config: dict, records: list[dict]) -> None:
             f"{q['best_per_s'] / ref['best_per_s']:.2f}x", f"{q['median_per_s']:.1f}",
             f"{ref['median_per_s']:.1f}", f"{q['median_per_s'] / ref['median_per_s']:.2f}x",
         )
-    console.print(table)
+    if compared:
+        console.print(table)
     for r in records:
         if "ms_per_token" in r:  # bench_context
             steps = ", ".join(f"{n}: {v['min']:.1f} (median {v['median']:.1f})"
