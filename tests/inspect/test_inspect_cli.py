@@ -82,3 +82,24 @@ def test_errors_are_reported_not_raised(lm_checkpoint, tmp_path):
     long = runner.invoke(app, ["inspect", str(lm_checkpoint), TEXT, "--max-tokens", "5",
                                "--out", str(tmp_path / "short")])  # fmt: skip
     assert long.exit_code == 0 and "input cut to its first 5 of 22 tokens" in long.output
+
+
+def test_past_the_picture_budget_only_streamed_files_are_written(lm_checkpoint, tmp_path,
+                                                                 monkeypatch):  # fmt: skip
+    """An input whose full weights would not fit gets the viewer and the trace (streamed)
+    and a note saying why the PNGs were skipped, instead of running out of memory."""
+    from qkv.inspect import report
+
+    model = checkpoint.load_checkpoint(lm_checkpoint).model
+    need = report.weights_bytes(model, torch.zeros(1, 22, dtype=torch.long))
+    assert need == 2 * 2 * 22 * 22 * 4  # 2 layers x 2 heads x T x T float32
+    monkeypatch.setattr(report, "PICTURE_BUDGET", need - 1)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["inspect", str(lm_checkpoint), TEXT, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    names = {p.name for p in out.iterdir()}
+    assert {"note.txt", "viewer.html", "trace.txt", "trace.json", "masks.png"} <= names, names
+    assert not any(n.startswith(("grid-", "head-", "rollout")) for n in names), names
+    assert "PNG pictures were skipped" in (out / "note.txt").read_text()
+    journey = json.loads((out / "trace.json").read_text())
+    assert journey["position"] == 21 and journey["token"] == "t"

@@ -21,12 +21,13 @@ from qkv.inspect.adapters import key_side, query_side, run_model
 from qkv.inspect.capture import capture
 from qkv.inspect.figures import plot_masks, plot_positions
 from qkv.inspect.files import atomic_write
+from qkv.inspect.hookpoints import attention_layers
 from qkv.inspect.plots import plot_alignment, plot_grid, plot_head, plot_rollout
 from qkv.inspect.trace import trace
 from qkv.inspect.viewer import view
 from qkv.nn.positions import SinusoidalPositionalEncoding
 
-__all__ = ["write_report"]
+__all__ = ["PICTURE_BUDGET", "weights_bytes", "write_report"]
 
 
 def _slug(text: str) -> str:
@@ -55,6 +56,10 @@ def write_report(
         target: an encoder-decoder's decoder input ``(1, T_tgt)``.
         title: the viewer's title.
 
+    Inputs whose weights would not fit in :data:`PICTURE_BUDGET` (2 GiB: e.g. SmolLM2's 270
+    heads past ~1,400 tokens) get the viewer and the trace (both streamed) and a ``note.txt``
+    saying why the PNGs were skipped, instead of running out of memory.
+
     Returns:
         ``{what: path}`` of every file written, in the order written.
 
@@ -63,10 +68,23 @@ def write_report(
     """
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Path] = {}
+    need = weights_bytes(model, input_ids, target)
+    if need > PICTURE_BUDGET:
+        # The PNGs come from every layer's full weights; the viewer and the trace stream.
+        files["note"] = atomic_write(folder / "note.txt", (
+            f"The PNG pictures were skipped: they need every layer's full attention weights "
+            f"at once, about {need / 2**30:.1f} GiB here (budget {PICTURE_BUDGET / 2**30:.0f} "
+            "GiB). The viewer (built a block of rows at a time) and the trace are written; "
+            "use fewer tokens for the pictures.\n"))  # fmt: skip
+        _common_files(model, input_ids, folder, files, tokens, target, target_tokens)
+        files["viewer"] = view(model, tokens, folder / "viewer.html", input_ids=input_ids,
+                               target=target, target_tokens=target_tokens,
+                               title=title).path  # fmt: skip
+        return files
     with capture(model) as cap:
         run_model(model, input_ids, target)
     sides: dict[str, Any] = {"source": tokens, "target": target_tokens}
-    files: dict[str, Path] = {}
     kinds: dict[str, list[str]] = {}
     for name in cap.layers:
         kinds.setdefault(re.sub(r"\.\d+\.", ".*.", name), []).append(name)
@@ -87,6 +105,27 @@ def write_report(
         files["alignment"] = plot_alignment(
             cap, folder / "alignment.png", src_tokens=tokens, tgt_tokens=target_tokens
         )
+    _common_files(model, input_ids, folder, files, tokens, target, target_tokens)
+    files["viewer"] = view(cap, tokens, folder / "viewer.html", target_tokens=target_tokens,
+                           title=title).path  # fmt: skip
+    return files
+
+
+# The full-weight pictures are drawn only when every layer's weights fit in this many bytes.
+PICTURE_BUDGET = 2 * 2**30
+
+
+def weights_bytes(model: nn.Module, input_ids: Tensor, target: Tensor | None = None) -> int:
+    """Bytes every attention layer's float32 weights ``(H, T, S)`` take for this input (the
+    longest of the input and the target for both sides: an upper bound)."""
+    n = max(int(input_ids.shape[-1]), 0 if target is None else int(target.shape[-1]))
+    heads = sum(layer.num_heads for layer in attention_layers(model).values())
+    return heads * n * n * 4 * int(input_ids.shape[0])
+
+
+def _common_files(model: nn.Module, input_ids: Tensor, folder: Path, files: dict[str, Path],
+                  tokens: Any, target: Tensor | None, target_tokens: Any) -> None:  # fmt: skip
+    """The masks, the positions (sinusoidal models) and the trace: no weights needed."""
     T = int(input_ids.shape[-1])
     files["masks"] = plot_masks(folder / "masks.png", length=T, lengths=(T, max(1, T * 2 // 3)))
     d_model = getattr(getattr(model, "config", None), "d_model", 64)
@@ -98,6 +137,3 @@ def write_report(
     atomic_write(folder / "trace.txt", journey.table() + "\n")
     atomic_write(folder / "trace.json", journey.to_json() + "\n")
     files["trace"], files["trace json"] = folder / "trace.txt", folder / "trace.json"
-    files["viewer"] = view(cap, tokens, folder / "viewer.html", target_tokens=target_tokens,
-                           title=title).path  # fmt: skip
-    return files
