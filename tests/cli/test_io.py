@@ -170,3 +170,26 @@ def test_generate_stream_equals_generate():
     assert result.exit_code == 0, result.output
     assert result.stdout.rstrip("\n") == want
     assert "tokens/s" in result.stderr and result.stderr.split()[0].isdigit()
+
+
+def test_chat_terminal_reader_uses_input_with_readline(monkeypatch):
+    """On a terminal, qkv chat reads with input() (GNU readline loaded: arrow keys, history);
+    "" at end of input, as file.readline."""
+    import builtins
+    import importlib.util
+
+    from qkv.cli.chat_cmd import terminal_reader
+
+    lines = iter(["hello", "/exit"])
+
+    def fake_input(prompt=""):
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr(builtins, "input", fake_input)
+    read = terminal_reader()
+    assert [read(), read(), read()] == ["hello\n", "/exit\n", ""]
+    if importlib.util.find_spec("readline") is not None:
+        assert "readline" in sys.modules
