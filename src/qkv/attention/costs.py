@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from qkv.attention.call import AttentionCall
-from qkv.attention.flash_blocks import block_sizes, visited_pairs
+from qkv.attention.flash_blocks import DECODE_ROWS, block_sizes, visited_pairs
+from qkv.attention.flash_decode import MAX_SPLITS
 
 __all__ = ["Cost", "predict"]
 
@@ -153,18 +154,24 @@ def predict(call: AttentionCall, backend: str) -> Cost:
         bq, bk = block_sizes(T, S, D, dtype)
         pairs = B * H * _visible_pairs(call, bq, bk)
         bk = min(bk, S)
-        # Two score tiles (B, H, bq, bk): exp is taken in place, but the previous tile is
-        # still referenced while the next tile's Q·Kᵀ is computed.
-        tiles = 2 * BH * bq * bk * acc
+        # Decoding (flash_decode.py) holds one block's tiles at a time and a small partial
+        # result per block; the tile loop holds two score tiles (B, H, bq, bk): exp is taken
+        # in place, but the previous tile is still referenced while the next tile's Q·Kᵀ is
+        # computed.
+        decode = T <= DECODE_ROWS and call.dropout_p == 0.0
+        steps = 1 if decode else 2
+        tiles = steps * BH * bq * bk * acc
         # ALiBi's bias for one tile is made for every head, (H, bq, bk), before it is added.
         alibi = H * bq * bk * acc if call.alibi is not None else 0
         acc_rows = BH * bq * (Dv + 2) * acc * 2  # running output, max, sum and P·V of a block
+        if decode:  # every block's partial (split ones too), then their weighted copies
+            acc_rows *= -(-S // max(1, bk)) * MAX_SPLITS + 1
         # Grouped heads: the query tile (B, Hkv, G·bq, D) is a copy, not a view.
         group_q = BH * bq * D * acc if call.groups > 1 else 0
         scaled_q = BH * T * D * acc  # q · scale (upcast for half precision), made once
-        # Half precision: the K and V tiles of the step are converted to float32 (two steps'
-        # worth alive while the next tile is made).
-        upcast = 0 if _acc(dtype) == dtype else 2 * B * call.num_kv_heads * bk * (D + Dv) * acc
+        # Half precision: the K and V tiles of the step are converted to float32 (in the tile
+        # loop, two steps' worth alive while the next tile is made).
+        upcast = 0 if _acc(dtype) == dtype else steps * B * call.num_kv_heads * bk * (D + Dv) * acc
         # float64 for float32 inputs, float32 for half precision (see backends/flash.py).
         lse = BH * T * (4 if _acc(dtype) != dtype else 8)
         work = tiles + alibi + acc_rows + group_q + scaled_q + upcast

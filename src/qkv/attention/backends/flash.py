@@ -34,7 +34,8 @@ import torch
 from torch import Tensor
 
 from qkv.attention.call import AttentionCall
-from qkv.attention.flash_blocks import block_sizes, plan_blocks
+from qkv.attention.flash_blocks import DECODE_ROWS, block_sizes, plan_blocks
+from qkv.attention.flash_decode import decode_forward
 from qkv.attention.masks import (
     accumulation_dtype,
     apply_mask,
@@ -76,6 +77,12 @@ def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     A non-finite query row gives a NaN output row (:func:`~qkv.attention.masks.poison_rows`:
     a row that sees no key, or whose scores are all ``-inf``, would otherwise give zeros).
     """
+    if not call.need_weights and call.T <= DECODE_ROWS and call.dropout_p == 0.0 \
+            and not _needs_grad(call):
+        # Inference decoding wants no lse: a few small ops fewer on every token.
+        spec = _spec(call, None, None)
+        out = _decode(call.query, call.key, call.value, call.mask, call.alibi, spec, lse=False)[0]
+        return poison_rows(out, call.query), None
     out, lse = attend(call)
     out = poison_rows(out, call.query)
     weights = None
@@ -107,9 +114,22 @@ def attend(call: AttentionCall, *, block_q: int | None = None, block_k: int | No
     """
     keep = dropout_keep(call) if call.dropout_p > 0.0 else None
     spec = _spec(call, block_q, block_k)
+    if not _needs_grad(call):
+        # Nothing to differentiate: skip the autograd Function's per-call bookkeeping.
+        return _forward(call.query, call.key, call.value, call.mask, call.alibi, keep, spec)
     return _FlashFunction.apply(
         call.query, call.key, call.value, call.mask, call.alibi, keep, spec
     )
+
+
+def _needs_grad(call: AttentionCall) -> bool:
+    """Whether autograd (or a torch.func transform) may ask for this call's gradients."""
+    if not torch.is_grad_enabled():
+        return False
+    tensors = [t for t in (call.query, call.key, call.value, call.mask, call.alibi)
+               if t is not None]
+    return any(t.requires_grad or torch._C._functorch.is_functorch_wrapped_tensor(t)
+               for t in tensors)
 
 
 def attend_backward(
@@ -231,6 +251,8 @@ def _row_sum(s: Tensor) -> Tensor:
 @torch.no_grad()
 def _forward(q, k, v, mask, alibi, keep, spec: _Spec):
     dtype = q.dtype
+    if q.shape[2] <= DECODE_ROWS and keep is None:
+        return _decode(q, k, v, mask, alibi, spec)
     B, H, T, D, Hkv, _, G, acc, qg, call, plans = _prepare(q, k, v, mask, alibi, spec)
     Dv = v.shape[-1]
     outs, lses = [], []
@@ -271,6 +293,19 @@ def _forward(q, k, v, mask, alibi, keep, spec: _Spec):
     out = torch.cat(outs, dim=2)  # (B, H, T, Dv)
     lse = torch.cat(lses, dim=2).reshape(B, H, T)  # (B, H, T)
     return out, lse
+
+
+def _decode(q, k, v, mask, alibi, spec: _Spec, *, lse: bool = True):
+    """Few queries (:mod:`qkv.attention.flash_decode`): key blocks merged by log-sum-exp;
+    ``lse=False`` returns ``None`` for the lse."""
+    B, H, T, D = q.shape
+    Hkv = k.shape[1]
+    acc = _acc_dtype(q.dtype)
+    qs = (q.to(acc) * spec.scale).reshape(B, Hkv, H // Hkv * T, D)  # (B, Hkv, G·T, D)
+    call = _tile_call(q, k, v, mask, alibi, spec)
+    lse_dtype = _lse_dtype(q.dtype) if lse else None
+    out, lse_ = decode_forward(call, qs, k, v, spec.bk, acc, lse_dtype)
+    return out.to(q.dtype), lse_
 
 
 @torch.no_grad()
