@@ -81,12 +81,28 @@ def test_explain_named_backend():
         qkv.explain(*inputs(), backend="torch", need_weights=True, dropout_p=0.1)
 
 
-def test_auto_prefers_flash_for_half_precision_training_and_decoding():
+@pytest.mark.parametrize("units", [False, True], ids=["avx2", "avx512"])
+def test_auto_half_precision_policy_follows_the_cpu(units, monkeypatch):
+    """Without native half-precision units (AVX2) flash serves half-precision training and
+    decoding; with them (AVX-512, AMX) torch's kernel serves every half-precision call."""
+    from qkv.attention.backends import torch_kernel
+
+    monkeypatch.setattr(torch_kernel, "half_precision_units", lambda: units)
     q, k, v = (t.bfloat16() for t in inputs(T=64, S=64))
     assert qkv.explain(q, k, v).chosen == "torch"
-    assert qkv.explain(q.requires_grad_(), k, v).chosen == "flash"
+    assert qkv.explain(q.requires_grad_(), k, v).chosen == ("torch" if units else "flash")
     with torch.no_grad():
         assert qkv.explain(q, k, v).chosen == "torch"
     q1 = q.detach()[:, :, :1]
     e = qkv.explain(q1, k, v)
-    assert e.chosen == "flash" and "decoding" in e.reasons["torch"]
+    if units:
+        assert e.chosen == "torch"
+    else:
+        assert e.chosen == "flash" and "decoding" in e.reasons["torch"]
+
+
+def test_half_precision_units_reads_the_cpu_capability():
+    from qkv.attention.backends.torch_kernel import half_precision_units
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    assert half_precision_units() == capability.startswith("AVX512"), capability
