@@ -40,182 +40,23 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.table import Table
 
 import qkv.pretrained
-from qkv.generate import greedy
+from qkv.pretrained.speed import (
+    alternate,
+    bench_context,
+    bench_minilm,
+    bench_smollm2,
+    report,
+    summarise,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-_PIECES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Attention weighs every token against every other one",
-    "Café naïve résumé, Ångström and façade",
-    "中文句子，日本語の文章、한국어 문장",
-    "emoji 🙂👍🏽🎉 and flags 🇫🇷🇯🇵",
-    "Punctuation!?... «quotes» — (parens) [brackets]",
-    "Numbers like 3.14159 and 2024-01-01 appear too",
-    "a rather long clause that keeps going about transformers, keys, queries and values",
-]
-
-
-def sentences(n: int) -> list[str]:
-    """``n`` deterministic varied sentences: 1 to 12 pieces each (a few past 256 tokens)."""
-    out = []
-    for i in range(n):
-        k = 1 + (i * 7) % 12 if i % 16 else 40  # every 16th one is long
-        out.append(" ".join(_PIECES[(i + j) % len(_PIECES)] for j in range(k)))
-    return out
-
-
-def alternate(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """Run each function ``repeats`` times, alternating, after one untimed warm-up call each."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
-def summarise(times: list[float], items: int) -> dict:
-    return {"items": items, "min_s": min(times), "median_s": statistics.median(times),
-            "best_per_s": items / min(times), "median_per_s": items / statistics.median(times)}
-
-
-def bench_minilm(n: int, repeats: int) -> dict:
-    import sentence_transformers
-    from sentence_transformers import SentenceTransformer
-
-    texts = sentences(n)
-    bundle = qkv.pretrained.load("all-MiniLM-L6-v2")
-    st = SentenceTransformer(str(qkv.pretrained.locate("all-MiniLM-L6-v2")), device="cpu")
-    times = alternate({
-        "qkv": lambda: bundle.encode(texts, batch_size=32),
-        "sentence-transformers": lambda: st.encode(texts, batch_size=32, convert_to_tensor=True),
-    }, repeats)  # fmt: skip
-    ours, ref = bundle.encode(texts), st.encode(texts, batch_size=32, convert_to_tensor=True)
-    return {
-        "label": f"MiniLM encode {n}, batch 32 (sentences/s)",
-        "what": f"all-MiniLM-L6-v2: encode {n} sentences, batch 32 (sentences/s)",
-        "qkv": summarise(times["qkv"], n),
-        "reference": summarise(times["sentence-transformers"], n),
-        "reference_name": f"sentence-transformers {sentence_transformers.__version__}",
-        "max_abs_diff": float((ours - ref).abs().max()),
-    }
-
-
-def bench_smollm2(prompt_len: int, new: int, repeats: int, variants: Sequence[str]) -> dict:
-    """Greedy generation, qkv eager against transformers, plus each of ``variants``
-    (``"compiled"``: ``compile=True``; ``"int8"``/``"int4"``: weight-only quantised copies)
-    in the same alternating rounds. Compile time is measured apart (the first call)."""
-    import transformers
-
-    bundle = qkv.pretrained.load("SmolLM2-135M-Instruct")
-    folder = str(qkv.pretrained.locate("SmolLM2-135M-Instruct").parent)
-    ref = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=GGUF_FILE, dtype=torch.float32).eval()  # fmt: skip
-    text = "Once upon a time, in a quiet harbour town, there lived an old sailor who " * 4
-    prompt = bundle.tokenizer.encode(text)[:prompt_len]
-    # EOS off: the last id of the vocabulary (an unused byte-level piece) ends nothing in
-    # practice; every run is checked to have produced exactly `new` tokens.
-    never = bundle.config.vocab_size - 1
-    out: dict[str, list[int]] = {}
-
-    def run(name: str, model: torch.nn.Module, **options: object) -> Callable[[], None]:
-        def go() -> None:
-            out[name] = greedy(model, [prompt], max_new_tokens=new, eos_id=never,
-                               **options)[0].tolist()  # fmt: skip
-            if len(out[name]) != new or never in out[name]:
-                raise RuntimeError(f"{name} stopped early: {len(out[name])} of {new} tokens")
-        return go
-
-    def theirs() -> None:
-        with torch.no_grad():
-            ids = ref.generate(torch.tensor([prompt]), max_new_tokens=new, min_new_tokens=new,
-                               do_sample=False)  # fmt: skip
-        out["transformers"] = ids[0, len(prompt):].tolist()
-
-    fns: dict[str, Callable[[], None]] = {"qkv": run("qkv", bundle.model), "transformers": theirs}
-    extra: dict[str, object] = {}
-    if "compiled" in variants:
-        fns["qkv compiled"] = run("qkv compiled", bundle.model, compile=True)
-        start = time.perf_counter()
-        fns["qkv compiled"]()  # compiles (the timed rounds reuse it)
-        extra["compile_s"] = time.perf_counter() - start
-    for mode in ("int8", "int4"):
-        if mode in variants:
-            model = qkv.pretrained.load("SmolLM2-135M-Instruct", quantize=mode).model
-            fns[f"qkv {mode}"] = run(f"qkv {mode}", model)
-    times = alternate(fns, repeats)
-
-    def agree(a: list[int], b: list[int]) -> int:
-        return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
-
-    record = {
-        "label": f"SmolLM2 greedy {len(prompt)} -> {new} (tokens/s)",
-        "what": f"SmolLM2-135M-Instruct: greedy, prompt {len(prompt)} -> {new} new tokens "
-                "(tokens/s)",
-        "qkv": summarise(times["qkv"], new),
-        "reference": summarise(times["transformers"], new),
-        "reference_name": f"transformers {transformers.__version__} generate, "
-                          f"{ref.config._attn_implementation}",
-        "tokens_equal_prefix": agree(out["qkv"], out["transformers"]),
-        "variants": {},
-        **extra,
-    }
-    for name in fns:
-        if name.startswith("qkv "):
-            record["variants"][name] = {**summarise(times[name], new),
-                                        "tokens_equal_prefix": agree(out[name], out["qkv"])}
-    return record
-
-
-def bench_context(contexts: Sequence[int], steps: int, repeats: int) -> dict:
-    """Per-token decode time of SmolLM2 (eager, one row) after ``contexts`` tokens of cache:
-    the ratio of the longest to the shortest says how flat decoding stays in context."""
-    from qkv.generate.session import DecoderSession
-
-    model = qkv.pretrained.load("SmolLM2-135M-Instruct").model
-    per_token: dict[int, list[float]] = {n: [] for n in contexts}
-    sessions = {}
-    with torch.inference_mode():
-        for n in contexts:
-            prompt = [(i * 37) % 1000 + 10 for i in range(n)]
-            sessions[n] = DecoderSession(model, [prompt], steps * (repeats + 1) + 1)
-            sessions[n].first()
-        token = torch.tensor([42])
-        for n in contexts:  # warm-up
-            for _ in range(steps):
-                sessions[n].next(token)
-        for _ in range(repeats):
-            for n in contexts:  # alternating, as every other measurement here
-                start = time.perf_counter()
-                for _ in range(steps):
-                    sessions[n].next(token)
-                per_token[n].append((time.perf_counter() - start) / steps)
-    lo, hi = min(contexts), max(contexts)
-    return {
-        "label": f"SmolLM2 decode step, context {lo} vs {hi} (ms/token)",
-        "ms_per_token": {n: {"min": 1e3 * min(v), "median": 1e3 * statistics.median(v)}
-                         for n, v in per_token.items()},
-        "ratio_longest_over_shortest_min": min(per_token[hi]) / min(per_token[lo]),
-        "ratio_longest_over_shortest_median": (statistics.median(per_token[hi])
-                                               / statistics.median(per_token[lo])),
-    }
-
-
 WHISPER_SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
     "Please call Stella and ask her to bring these things from the store.",
@@ -350,44 +191,6 @@ def bench_whisper(repeats: int, threads: int, quick: bool) -> dict:
         record["qkv_over_faster_whisper_best"] = (
             record["qkv"]["best_per_s"] / record["faster_whisper"]["best_per_s"])
     return record
-
-
-def report(console: Console, config: dict, records: list[dict]) -> None:
-    table = Table(title=f"qkv.pretrained vs references ({config['threads']} threads, float32)")
-    for col in ("benchmark", "reference", "qkv best", "ref best", "ratio best", "qkv median",
-                "ref median", "ratio median"):
-        table.add_column(col, justify="left" if col in ("benchmark", "reference") else "right")
-    compared = [r for r in records if "reference" in r]
-    for r in compared:
-        q, ref = r["qkv"], r["reference"]
-        table.add_row(
-            r["label"], r["reference_name"], f"{q['best_per_s']:.1f}", f"{ref['best_per_s']:.1f}",
-            f"{q['best_per_s'] / ref['best_per_s']:.2f}x", f"{q['median_per_s']:.1f}",
-            f"{ref['median_per_s']:.1f}", f"{q['median_per_s'] / ref['median_per_s']:.2f}x",
-        )
-    if compared:
-        console.print(table)
-    for r in records:
-        if "ms_per_token" in r:  # bench_context
-            steps = ", ".join(f"{n}: {v['min']:.1f} (median {v['median']:.1f})"
-                              for n, v in r["ms_per_token"].items())  # fmt: skip
-            console.print(f"{r['label']}: {steps}; longest/shortest "
-                          f"{r['ratio_longest_over_shortest_min']:.2f}x (min), "
-                          f"{r['ratio_longest_over_shortest_median']:.2f}x (median)")
-            continue
-        ref = r["reference"]
-        keys = ("max_abs_diff", "tokens_equal_prefix", "texts_equal", "log_mel_max_abs_diff",
-                "faster_whisper_name", "texts_equal_faster_whisper",
-                "qkv_over_faster_whisper_best", "compile_s")
-        extra = {k: r[k] for k in keys if k in r}
-        console.print(f"{r['what']}: {extra}")
-        for name, v in r.get("variants", {}).items():
-            console.print(
-                f"  {name}: best {v['best_per_s']:.1f}/s "
-                f"({v['best_per_s'] / ref['best_per_s']:.2f}x transformers), "
-                f"median {v['median_per_s']:.1f}/s "
-                f"({v['median_per_s'] / ref['median_per_s']:.2f}x); tokens equal to qkv eager "
-                f"for the first {v['tokens_equal_prefix']}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -144,3 +144,48 @@ def test_backward_through_the_decode_forward(case, threads):
         grads.append((qq.grad, kk.grad, vv.grad))
     for name, a, b in zip("qkv", *grads, strict=True):
         assert_close(a, b, atol=1e-9, rtol=1e-9, name=f"{case} d{name}")
+
+
+# --- exp_shifted_: fast exps without giving up exact zeros for hidden keys -----------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_exp_shifted_zeroes_below_the_floor_and_keeps_dead_rows_and_nan(dtype):
+    from qkv.attention.masks import EXP_FLOOR, exp_shifted_
+
+    floor = EXP_FLOOR[dtype]
+    s = torch.tensor([[0.0, -1.0, floor - 5.0, float("-inf")],
+                      [float("-inf")] * 4,
+                      [0.0, float("nan"), -2.0, -3.0]], dtype=dtype)
+    row_max = s.amax(dim=-1, keepdim=True)
+    p = exp_shifted_(s.clone(), row_max)
+    assert torch.equal(p[0, 2:], torch.zeros(2, dtype=dtype))  # below the floor, and masked
+    assert p[0, 1] == torch.exp(torch.tensor(-1.0, dtype=dtype))
+    assert torch.equal(p[1], torch.zeros(4, dtype=dtype))  # a dead row
+    assert torch.isnan(p[2]).all()  # NaN max: the row is NaN
+
+
+def test_masked_keys_with_huge_values_contribute_nothing():
+    """Hidden keys get weight exactly 0, so even 1e30 in their values does not leak."""
+    q, k, v = inputs(1, 2, 2, 40, 300, dtype=torch.float32)
+    mask = torch.ones(1, 1, 40, 300, dtype=torch.bool)
+    mask[..., 100:] = False
+    v[:, :, 100:] = 1e30
+    for backend in ("flash", "math"):
+        out = qkv.scaled_dot_product_attention(q, k, v, attn_mask=mask, backend=backend)
+        assert out.abs().max() < 10, backend
+
+
+@pytest.mark.parametrize("T", [1, 700])
+def test_alibi_far_keys_match_math(T):
+    """Steep ALiBi slopes push most keys far below the row maximum (the floor's regime)."""
+    q, k, v = inputs(1, 4, 4, T, 900)
+    slopes = torch.tensor([0.5, 1.0, 2.0, 8.0])
+    out, lse, ref, ref_lse = both(q, k, v, alibi_slopes=slopes, is_causal="bottom-right")
+    assert_close(out, ref, atol=1e-10, rtol=1e-10, name="alibi out")
+    assert_close(lse, ref_lse, atol=1e-10, rtol=1e-10, name="alibi lse")
+    q32, k32, v32 = (t.float() for t in (q, k, v))
+    out32 = qkv.scaled_dot_product_attention(q32, k32, v32, alibi_slopes=slopes,
+                                             is_causal="bottom-right", backend="flash")
+    err = (out32.double() - ref).abs().max().item()
+    assert err < 1e-5, f"float32 ALiBi max error {err:.3g}"

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from qkv.attention.call import AttentionCall
 from qkv.attention.flash_blocks import plan_blocks
-from qkv.attention.masks import apply_mask
+from qkv.attention.masks import apply_mask, exp_shifted_
 
 __all__ = ["MAX_SPLITS", "MIN_SPLIT_KEYS", "decode_forward", "splits"]
 
@@ -126,5 +126,5 @@ def _partial(
         apply_mask(tile, call, slice(0, call.T), slice(j0, j1), structure=plan.partial,
                    inplace=True)
     m = s.amax(dim=-1, keepdim=True)  # (B, Hkv, n, G·T, 1)
-    p = s.sub_(_finite(m)).exp_()  # exact zeros on rows that see no key here
+    p = exp_shifted_(s, m) if plan is not None else s.sub_(_finite(m)).exp_()
     return p @ vt, m, p.sum(dim=-1, keepdim=True)

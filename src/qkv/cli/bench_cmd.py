@@ -10,6 +10,7 @@ not graded against the targets.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -85,6 +86,12 @@ def command(
     huge: Annotated[
         bool, typer.Option("--huge", help="Also flash forward+backward at T = 65536.")
     ] = False,
+    pretrained: Annotated[
+        bool, typer.Option("--pretrained", help="Also time the pretrained models against "
+                           "their reference libraries: SmolLM2 greedy (eager, compiled, int8) "
+                           "vs transformers, MiniLM vs sentence-transformers, decode time in "
+                           "context (needs the dev extra; minutes).")
+    ] = False,
 ) -> None:
     """Time attention (qkv flash, auto, math and torch's kernel) side by side on this machine.
 
@@ -92,7 +99,8 @@ def command(
 
     Peak memory of each configuration in a fresh subprocess, beside qkv.explain's prediction.
 
-    Prints the targets as a checklist; writes JSON and a log-log plot.
+    Prints the targets as a checklist; writes JSON and a log-log plot. With --pretrained,
+    also the pretrained models against transformers and sentence-transformers.
 
     [bold]Example:[/bold] qkv bench --quick --threads 1 --out /tmp/bench
     """
@@ -138,13 +146,36 @@ def command(
     if quick:
         console.print("quick run: tiny sizes, not graded against the targets (run `qkv bench` "
                       "for the checklist)")  # fmt: skip
+    speeds = _pretrained(console, config.threads, quick) if pretrained else None
     if out is None:
         console.print("not saved: give --out FOLDER to write the JSON and the plot")
         return
     stem = "bench-quick" if quick else "bench"
     path = write_json(out / f"{stem}.json", header, records, targets)
     console.print(f"wrote {path}", markup=False)
+    if speeds is not None:
+        text = json.dumps({"config": header, "results": speeds}, indent=2)
+        written = atomic_write(out / f"{stem}-pretrained.json", text.encode())
+        console.print(f"wrote {written}", markup=False)
     image = plot_png(records)
     if image is not None:
         png = atomic_write(out / f"{stem}.png", image)
         console.print(f"wrote {png}", markup=False)
+
+
+def _pretrained(console: Console, threads: int, quick: bool) -> list[dict]:
+    """Run :mod:`qkv.pretrained.speed` (quick: tiny sizes, no variants) and print its report."""
+    from qkv.pretrained import speed
+
+    torch.set_num_threads(threads)
+    repeats = 1 if quick else 3
+    try:
+        records = [speed.bench_minilm(32 if quick else 256, repeats)]
+        variants = () if quick else ("compiled", "int8")
+        records.append(speed.bench_smollm2(32, 8 if quick else 128, repeats, variants))
+        contexts = (128, 512) if quick else (128, 2048)
+        records.append(speed.bench_context(contexts, 4 if quick else 16, repeats))
+    except (ImportError, OSError, ValueError, RuntimeError) as e:
+        raise fail(e) from None
+    speed.report(console, {"threads": threads}, records)
+    return records

@@ -40,6 +40,7 @@ from qkv.attention.masks import (
     accumulation_dtype,
     apply_mask,
     dropout_keep,
+    exp_shifted_,
     poison_rows,
     safe_lse,
     safe_row_max,
@@ -271,7 +272,7 @@ def _forward(q, k, v, mask, alibi, keep, spec: _Spec):
             m_new = _row_max(s) if t == 0 else torch.maximum(m, _row_max(s))
             m_safe = safe_row_max(m_new)
             # 2) Unnormalised probabilities of this tile, in place over the scores.
-            p = s.sub_(m_safe).exp_()  # (B, H, bq, bk)
+            p = exp_shifted_(s, m_new)  # (B, H, bq, bk)
             l_tile = _row_sum(p)  # (B, H, bq, 1): the softmax sums before dropout
             if keep is not None:
                 p = p * _keep_tile(keep, plan, spec.dropout_p, acc)
