@@ -490,7 +490,7 @@ def _all_finite_on_cpu(query: Tensor) -> bool:
         return False
     if torch._C._functorch.is_functorch_wrapped_tensor(query):
         return False
-    return bool(torch.isfinite(query.detach().sum()))
+    return math.isfinite(query.detach().sum().item())
 
 
 def safe_lse(lse: Tensor) -> Tensor:
