@@ -77,13 +77,27 @@ def test_decode_matches_math(shape, block_k, case, threads):
     assert_close(lse, ref_lse.to(lse.dtype), atol=1e-10, rtol=1e-10, name=f"{case} {shape} lse")
 
 
-def test_split_path_is_taken_and_exact(threads):
-    """One key head, 4 threads: blocks of 2,000 keys are cut into splits, with a tail."""
-    assert splits(1, 2000) == 2000 // MIN_SPLIT_KEYS  # 3 splits of 666 keys and a tail of 2
-    q, k, v = inputs(1, 2, 1, 1, 6001)
-    out, lse, ref, ref_lse = both(q, k, v, block_k=2000, is_causal="bottom-right")
+def test_split_path_is_taken_and_exact(threads, monkeypatch):
+    """One key head, 4 threads, all keys in one block: 3 splits of 667 keys and a tail of 1."""
+    from qkv.attention import flash_decode
+
+    assert splits(1, 2002) == 2002 // MIN_SPLIT_KEYS
+    seen = []
+    real = flash_decode._partial
+
+    def spy(call, qs, k, v, j0, j1, n, plan, acc):
+        seen.append((j0, j1, n))
+        return real(call, qs, k, v, j0, j1, n, plan, acc)
+
+    monkeypatch.setattr(flash_decode, "_partial", spy)
+    q, k, v = inputs(1, 2, 1, 1, 2002)
+    out, lse, ref, ref_lse = both(q, k, v, is_causal="bottom-right")
+    assert seen == [(0, 2001, 3), (2001, 2002, 1)], seen
     assert_close(out, ref, atol=1e-10, rtol=1e-10, name="split out")
     assert_close(lse, ref_lse, atol=1e-10, rtol=1e-10, name="split lse")
+    seen.clear()
+    both(q, k, v, block_k=700)  # blocks of part of the keys are never split
+    assert all(n == 1 for _, _, n in seen), seen
 
 
 def test_splits_policy():

@@ -10,11 +10,12 @@ as flash-decoding does (Dao, Haziza, Massa and Sizov, 2023)::
     M = max_j m_j        L = sum_j l_j exp(m_j - M)        out = sum_j o_j exp(m_j - M) / L
 
 **Split-S.** When there are fewer ``(batch, key head)`` pairs than threads to keep busy
-(``B·Hkv < 2·threads``: one sequence of a multi-query model, say), each key block of an
-unmasked call is cut further into ``n`` splits of ``c`` keys, viewed as
+(``B·Hkv < 2·threads``: one sequence of a multi-query model, say), an unmasked call whose
+keys fit one block (``S <= DECODE_KEYS``) is cut into ``n`` splits of ``c`` keys, viewed as
 ``(B, Hkv, n, c, D)`` without a copy, so one batched matmul hands every thread its own keys;
-the splits are partials like any other. A call with a mask, ALiBi or a causal edge inside
-the block keeps ``n = 1`` and gets its mask parts per block from
+the splits are partials like any other. (Longer caches are walked in blocks, each one
+matmul, which BLAS already spreads over the threads.) A call with a mask, ALiBi or a causal
+edge inside the block keeps ``n = 1`` and gets its mask parts per block from
 :func:`qkv.attention.masks.apply_mask`, the one definition every backend shares.
 
 Grouped heads stay grouped: the ``G = H / Hkv`` query heads of a key head are ``G·T`` rows
@@ -72,7 +73,9 @@ def decode_forward(
     for plan in plan_blocks(T, S, T, bk, call.causal, call.window)[0].tiles:
         j0, j1 = plan.j0, plan.j1
         plain = not (masked or plan.partial)
-        n = splits(B * Hkv, j1 - j0) if plain else 1
+        # Splits only of a block spanning every key: a block of part of them viewed as
+        # (B, Hkv, n, c, D) has batch strides matmul cannot merge, and it would copy K.
+        n = splits(B * Hkv, j1 - j0) if plain and j1 - j0 == S else 1
         main = j0 + (j1 - j0) // n * n  # keys [j0, main) split n ways, [main, j1) the rest
         parts.append(_partial(call, qs, k, v, j0, main, n, None if plain else plan, acc))
         if main < j1:
