@@ -29,8 +29,9 @@ def records():
 
 
 def test_suite_times_every_backend_in_every_configuration(records):
-    # 2 lengths x causal or not x (fwd, fwd_bwd) + 1 decode + 2 ALiBi, 4 backends each.
-    assert len(records) == (2 * 2 * 2 + 1 + 2) * 4
+    # 2 lengths x causal or not x (fwd, fwd_bwd) + 1 decode, 5 backends each (qkv's torch
+    # backend beside torch's own call), + 2 ALiBi with 4 (there "torch" is qkv's already).
+    assert len(records) == (2 * 2 * 2 + 1) * 5 + 2 * 4
     for r in records:
         assert r["skipped"] is None, r
         assert r["time"]["repeats"] == 2 and 0 < r["time"]["min_s"] <= r["time"]["median_s"]
@@ -38,6 +39,20 @@ def test_suite_times_every_backend_in_every_configuration(records):
     kinds = {(r["kind"], r["mode"]) for r in records}
     assert kinds == {("attention", "fwd"), ("attention", "fwd_bwd"), ("decode", "fwd"),
                      ("alibi", "fwd")}
+
+
+def test_auto_is_graded_against_qkvs_backends_and_the_overhead_apart():
+    def rec(backend, t, alibi=False):
+        return {"kind": "decode", "dtype": "float32", "mode": "fwd", "T": 1, "S": 4096,
+                "causal": False, "alibi": alibi, "backend": backend, "time": {"min_s": t}}
+
+    records = [rec("flash", 3.0), rec("auto", 2.1), rec("math", 4.0), rec("qkv-torch", 2.0),
+               rec("torch", 1.0)]
+    checks = {t.name: t for t in targets.check_targets(records)}
+    auto = checks["auto vs the best of qkv's backends (time ratio)"]
+    assert auto.value == pytest.approx(1.05) and auto.status == "met"  # not 2.1 (raw torch)
+    overhead = checks["qkv's call overhead: qkv's torch backend vs torch called directly"]
+    assert overhead.value == pytest.approx(2.0) and overhead.status == "not met"
 
 
 def test_suite_forward_errors_are_float32_small(records):
@@ -83,7 +98,7 @@ def test_targets_without_their_lengths_say_no_data(records):
     by_name = {t.name: t for t in checks}
     assert by_name["float32 forward: flash vs torch at T >= 1024"].status == "no data"
     assert by_name["forward+backward at T = 65536 fits (GiB)"].detail == "run with --huge"
-    auto = by_name["auto vs the best other backend (time ratio)"]
+    auto = by_name["auto vs the best of qkv's backends (time ratio)"]
     assert auto.status in ("met", "not met") and auto.value > 0
 
 

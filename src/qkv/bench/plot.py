@@ -8,7 +8,8 @@ import io
 
 __all__ = ["figure", "plot_png"]
 
-COLORS = {"flash": "tab:blue", "auto": "tab:green", "math": "tab:red", "torch": "tab:gray"}
+COLORS = {"flash": "tab:blue", "auto": "tab:green", "math": "tab:red",
+          "qkv-torch": "tab:orange", "torch": "tab:gray"}
 
 
 def _panels(records: list[dict]) -> list[tuple[str, list[dict]]]:

@@ -33,7 +33,10 @@ from qkv.bench.memprobe import attention_fn, make_inputs, probe
 
 __all__ = ["BACKENDS", "QUICK", "BenchConfig", "config_dict", "run_suite"]
 
-BACKENDS = ("flash", "auto", "math", "torch")  # "torch": F.scaled_dot_product_attention
+# "qkv-torch": qkv's torch backend, through qkv's entry point (its validation and dispatch
+# included); "torch": F.scaled_dot_product_attention called directly. Their ratio is qkv's
+# per-call overhead; ``auto`` is graded against qkv's own backends.
+BACKENDS = ("flash", "auto", "math", "qkv-torch", "torch")
 BACKWARD_FACTOR = 2.5  # backward flops per forward flop (two matmuls become five)
 MEMORY_FRACTION = 0.8  # skip a configuration predicted to need more of the free memory
 ERROR_ROWS = 128  # query rows sampled for the float64 reference
@@ -76,7 +79,7 @@ def _predict(backend: str, group: dict, slopes: torch.Tensor | None) -> tuple[st
     B, H, T, S, D = (group[k] for k in ("B", "H", "T", "S", "D"))
     q, kv = zero.expand(B, H, T, D), zero.expand(B, H, S, D)  # (B, H, T, D), (B, H, S, D)
     e = qkv.explain(q, kv, kv, is_causal=group["causal"], alibi_slopes=slopes)
-    name = {"auto": e.chosen, "torch": "torch"}.get(backend, backend)
+    name = {"auto": e.chosen, "torch": "torch", "qkv-torch": "torch"}.get(backend, backend)
     return name, e.costs[name].peak_bytes
 
 
@@ -131,6 +134,8 @@ class _Runner:
         records, fns, counts = {}, {}, {}
         free = available_memory_bytes()
         for name in backends:
+            if name == "qkv-torch" and alibi:
+                continue  # with ALiBi "torch" is already qkv's torch backend (a dense bias)
             key = (kind, name, dtype, mode, causal, alibi)
             chosen, predicted = _predict(name, base, slopes)
             rec = dict(base, backend=name, chosen=chosen, flops=flops, skipped=None,
@@ -181,7 +186,7 @@ class _Runner:
     @staticmethod
     def _call(name, dtype, causal, alibi, q, k, v, dout, slopes, backward):
         # torch's kernel takes no ALiBi slopes: it gets qkv's dense bias (built per call).
-        backend = "torch" if (name == "torch" and alibi) else "sdpa" if name == "torch" else name
+        backend = {"qkv-torch": "torch", "torch": "torch" if alibi else "sdpa"}.get(name, name)
         fn = attention_fn(backend, causal=causal, need_weights=False, enable_gqa=False)
 
         def run():
@@ -198,8 +203,8 @@ class _Runner:
 
     def _memory(self, rec: dict, seconds: float) -> dict | None:
         backend = rec["backend"]
-        if backend == "torch":
-            backend = "torch" if rec["alibi"] else "sdpa"
+        backend = {"qkv-torch": "torch", "torch": "torch" if rec["alibi"] else "sdpa"}.get(
+            backend, backend)
         try:
             got = probe(backend, B=rec["B"], H=rec["H"], Hkv=rec["H"], T=rec["T"], S=rec["S"],
                         D=rec["D"], dtype=rec["dtype"], causal=rec["causal"],

@@ -155,12 +155,22 @@ def check_targets(records: list[dict], quick: bool = False) -> list[Target]:
         if r.get("time") and r["kind"] != "huge":
             group = groups.setdefault((*_key(r)[:-1], r["kind"]), {})
             group[r["backend"]] = r["time"]["min_s"]
+    overhead = []
     for key, times in groups.items():
-        others = [t for b, t in times.items() if b != "auto"]
-        if "auto" in times and others:
-            slow.append((times["auto"] / min(others), f"{key[-1]} " + _where((*key[:-1], ""))))
-    out.append(_check("auto vs the best other backend (time ratio)", slow, 1.05, False, "x",
-                      quick, none))
+        # qkv's backends, each called through qkv.scaled_dot_product_attention ("torch" is
+        # F.scaled_dot_product_attention itself, except with ALiBi, where it is qkv's).
+        ours = {b: t for b, t in times.items() if b not in ("auto", "torch")}
+        if key[5]:  # alibi
+            ours = {b: t for b, t in times.items() if b != "auto"}
+        where = f"{key[-1]} " + _where((*key[:-1], ""))
+        if "auto" in times and ours:
+            slow.append((times["auto"] / min(ours.values()), where))
+        if "qkv-torch" in times and "torch" in times:
+            overhead.append((times["qkv-torch"] / times["torch"], where))
+    out.append(_check("auto vs the best of qkv's backends (time ratio)", slow, 1.05, False,
+                      "x", quick, none))
+    out.append(_check("qkv's call overhead: qkv's torch backend vs torch called directly",
+                      overhead, 1.05, False, "x", quick, none))
     return out
 
 

@@ -13,7 +13,8 @@ from qkv.inspect.files import atomic_write
 
 __all__ = ["print_report", "write_json"]
 
-NAMES = {"flash": "qkv flash", "auto": "qkv auto", "math": "qkv math", "torch": "torch"}
+NAMES = {"flash": "qkv flash", "auto": "qkv auto", "math": "qkv math",
+         "qkv-torch": "qkv torch", "torch": "torch"}
 MiB = 2**20
 
 
