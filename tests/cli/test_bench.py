@@ -48,7 +48,13 @@ def test_auto_is_graded_against_qkvs_backends_and_the_overhead_apart():
 
     records = [rec("flash", 3.0), rec("auto", 2.1), rec("math", 4.0), rec("qkv-torch", 2.0),
                rec("torch", 1.0)]
+    records[1]["chosen"] = "torch"
     checks = {t.name: t for t in targets.check_targets(records)}
+    choice = checks["auto's choice: its backend vs the best of qkv's backends (time ratio)"]
+    assert choice.value == pytest.approx(1.0) and choice.status == "met"
+    records[1]["chosen"] = "flash"  # a wrong choice shows
+    wrong = {t.name: t for t in targets.check_targets(records)}
+    assert wrong[choice.name].value == pytest.approx(1.5) and wrong[choice.name].status != "met"
     auto = checks["auto vs the best of qkv's backends (time ratio)"]
     assert auto.value == pytest.approx(1.05) and auto.status == "met"  # not 2.1 (raw torch)
     overhead = checks["qkv's call overhead: qkv's torch backend vs torch called directly"]
