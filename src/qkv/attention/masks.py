@@ -434,7 +434,7 @@ def exp_shifted_(scores: Tensor, row_max: Tensor) -> Tensor:
     floor = EXP_FLOOR.get(scores.dtype)
     if floor is None:
         return x.exp_()
-    p = x.clamp_(min=floor).exp_()
+    p = x.clamp_min_(floor).exp_()
     return torch.nn.functional.threshold_(p, math.exp(floor) * 1.5, 0.0)
 
 
