@@ -102,11 +102,72 @@ def test_static_cache_errors():
     with pytest.raises(ValueError, match="one entry per new token"):
         cache.set_slots(torch.tensor([0, 1]))
         _model()(torch.tensor([[1, 2, 3], [1, 2, 3]]), cache=cache)
-    seq2seq = Seq2SeqTransformer(Seq2SeqConfig(20, 20, d_model=16, num_heads=2, d_ff=32,
-                                               bos_id=1, eos_id=2))  # fmt: skip
-    with pytest.raises(ValueError, match="compile=True serves decoder-only models"):
-        greedy(seq2seq, [[3, 4, 2]], max_new_tokens=3, compile=True)
+    alibi = Seq2SeqTransformer(Seq2SeqConfig(20, 20, d_model=16, num_heads=2, d_ff=32,
+                                             bos_id=1, eos_id=2, positions="alibi"))  # fmt: skip
+    with pytest.raises(ValueError, match="static cache does not support ALiBi"):
+        greedy(alibi, [[3, 4, 2]], max_new_tokens=3, compile=True)
     with pytest.raises(ValueError, match="does not serve beam search"):
         generate(_model(), PROMPTS, beam_size=2, compile=True)
     with pytest.raises(ValueError, match="compile must be True or False"):
         greedy(_model(), PROMPTS, compile="yes")
+
+
+# --- encoder-decoders ----------------------------------------------------------------------
+
+SOURCES = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 2]]
+OTHER_SOURCES = [[3, 4, 5, 2], [6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 2]]
+
+
+def _seq2seq(positions="sinusoidal"):
+    torch.manual_seed(0)
+    config = Seq2SeqConfig(40, 40, d_model=32, num_heads=4, num_encoder_layers=2,
+                           num_decoder_layers=2, d_ff=64, pad_id=0, bos_id=1, eos_id=2,
+                           max_len=300, positions=positions)  # fmt: skip
+    return Seq2SeqTransformer(config).eval()
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rope"])
+def test_static_seq2seq_logits_equal_dynamic(positions):
+    from qkv.generate.compiled import StaticSeq2SeqSession
+    from qkv.generate.session import Seq2SeqSession
+
+    model = _seq2seq(positions)
+    with torch.no_grad():
+        dynamic = Seq2SeqSession(model, SOURCES, 8, 0, 1)
+        static = StaticSeq2SeqSession(model, SOURCES, 8, 0, 1, compile=False)
+        assert static.memory.shape[1] == 64 and static.capacity == 256  # the buckets
+        a, b = dynamic.first(), static.first()
+        errors = [(a - b).abs().max().item()]
+        for _ in range(7):
+            tokens = a.argmax(-1)
+            a, b = dynamic.next(tokens), static.next(tokens)
+            errors.append((a - b).abs().max().item())
+    assert max(errors) < 1e-5, f"{positions}: static vs dynamic logits, max error {max(errors)}"
+
+
+def test_compiled_seq2seq_greedy_equals_eager_and_compiles_once():
+    model = _seq2seq()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    want = greedy(model, SOURCES, max_new_tokens=10, eos_id=None)
+    got = greedy(model, SOURCES, max_new_tokens=10, eos_id=None, compile=True)
+    again = greedy(model, OTHER_SOURCES, max_new_tokens=7, eos_id=None, compile=True)
+    assert torch.equal(got, want), (got.tolist(), want.tolist())
+    assert torch.equal(again, greedy(model, OTHER_SOURCES, max_new_tokens=7, eos_id=None))
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert graphs == 1, f"the decode step must compile once per bucket, got {graphs} graphs"
+
+
+def test_failed_seq2seq_compile_warns_and_decodes_eagerly(monkeypatch):
+    model = _seq2seq()
+
+    def broken(m, name):
+        def fail(*args, **kwargs):
+            raise RuntimeError("no C++ compiler found")
+        return fail
+
+    monkeypatch.setattr(compiled_mod, "compiled_method", broken)
+    want = greedy(model, SOURCES, max_new_tokens=5, eos_id=None)
+    with pytest.warns(RuntimeWarning, match="needs a working C\\+\\+ compiler"):
+        got = greedy(model, SOURCES, max_new_tokens=5, eos_id=None, compile=True)
+    assert torch.equal(got, want)

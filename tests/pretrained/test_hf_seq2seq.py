@@ -188,6 +188,27 @@ def test_translate_text_and_the_command_line(root, family):
     assert result.stdout.splitlines() == ours
 
 
+@pytest.mark.parametrize("family", ["bart", "marian"])
+def test_compiled_translation_equals_eager(root, family):
+    """A static cache with the steps through torch.compile gives the same text, from Python
+    and from ``qkv translate --compile``; beam search and T5 (relative biases) are refused."""
+    folder, _ = _folder(family, root)
+    bundle = _load(folder)
+    texts = SOURCES[:2]
+    want = bundle.translate(texts, max_new_tokens=12)
+    assert bundle.translate(texts, max_new_tokens=12, compile=True) == want
+    with pytest.raises(ValueError, match="does not serve beam search"):
+        bundle.translate(texts, beam_size=2, compile=True)
+    if family == "marian":
+        result = runner.invoke(app, ["translate", "--model", str(folder), "--max-new-tokens",
+                                     "12", "--compile", *texts])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert result.stdout.splitlines() == want
+    t5 = _load(_folder("t5", root)[0])
+    with pytest.raises(ValueError, match="static cache does not support"):
+        t5.translate(texts, max_new_tokens=4, compile=True)
+
+
 def test_bundle_takes_token_ids_and_refuses_bad_input(root):
     folder, _ = _folder("bart", root)
     bundle = _load(folder)

@@ -290,8 +290,9 @@ def command(
         "line.",
     )] = False,
     compile: Annotated[bool, typer.Option(
-        "--compile", help="Decoder-only models: a static KV cache and torch.compile for the "
-        "decoding steps (the first run compiles; needs a C++ compiler, else eager).",
+        "--compile", help="A static KV cache and torch.compile for the decoding steps "
+        "(language and translation models; the first run compiles; needs a C++ compiler, "
+        "else eager).",
     )] = False,
     quantize: Annotated[Quantize | None, typer.Option(
         "--quantize", help="Weight-only quantised linears (int8: 4x fewer bytes a weight, "

@@ -19,7 +19,9 @@ __all__ = ["command", "translate_pretrained", "translate_texts"]
 NAME = "translate"
 
 
-def _check(texts: list[str], beam: int | None) -> None:
+def _check(texts: list[str], beam: int | None, compile: bool = False) -> None:
+    if compile and beam is not None:
+        raise ValueError(f"--compile (a static KV cache) does not serve --beam {beam}; drop one")
     if not texts:
         raise ValueError("no texts to translate; give at least one")
     if beam is not None and beam < 1:
@@ -27,7 +29,8 @@ def _check(texts: list[str], beam: int | None) -> None:
 
 
 def translate_texts(checkpoint: str | Path, texts: list[str], *, beam: int | None = None,
-                    max_new_tokens: int | None = None) -> list[str]:  # fmt: skip
+                    max_new_tokens: int | None = None,
+                    compile: bool = False) -> list[str]:  # fmt: skip
     """Translate ``texts`` with the encoder-decoder checkpoint at ``checkpoint``.
 
     Raises:
@@ -36,15 +39,16 @@ def translate_texts(checkpoint: str | Path, texts: list[str], *, beam: int | Non
     """
     from qkv.generate import translate
 
-    _check(texts, beam)
+    _check(texts, beam, compile)
     ckpt, folder, _ = load_run(checkpoint)
     model, src_tok, tgt_tok = seq2seq_parts(ckpt, folder, "translate")
     return translate(model, texts, src_tok, tgt_tok, beam_size=beam,
-                     max_new_tokens=max_new_tokens)  # fmt: skip
+                     max_new_tokens=max_new_tokens, compile=compile)  # fmt: skip
 
 
 def translate_pretrained(model: str | Path, texts: list[str], *, beam: int | None = None,
-                         max_new_tokens: int | None = None) -> list[str]:  # fmt: skip
+                         max_new_tokens: int | None = None,
+                         compile: bool = False) -> list[str]:  # fmt: skip
     """Translate ``texts`` with a pretrained encoder-decoder (``qkv.pretrained.load(model)``).
 
     Raises:
@@ -54,7 +58,7 @@ def translate_pretrained(model: str | Path, texts: list[str], *, beam: int | Non
     from qkv.pretrained import load
     from qkv.pretrained.seq2seq_bundle import Seq2SeqBundle
 
-    _check(texts, beam)
+    _check(texts, beam, compile)
     bundle = load(model)
     if not isinstance(bundle, Seq2SeqBundle):
         raise ValueError(f"--model {str(model)!r} is a {type(bundle.model).__name__}, not an "
@@ -62,7 +66,8 @@ def translate_pretrained(model: str | Path, texts: list[str], *, beam: int | Non
     if bundle.tokenizer is None:
         raise ValueError(f"--model {str(model)!r} has no tokenizer files (tokenizer.json, or "
                          "Marian's source.spm/target.spm/vocab.json), so texts cannot be encoded")
-    return bundle.translate(texts, beam_size=beam, max_new_tokens=max_new_tokens)
+    return bundle.translate(texts, beam_size=beam, max_new_tokens=max_new_tokens,
+                            compile=compile)
 
 
 def command(
@@ -79,6 +84,10 @@ def command(
     beam: Annotated[int | None, typer.Option(
         "--beam", help="Beam search with this many beams (default: greedy decoding).",
     )] = None,
+    compile: Annotated[bool, typer.Option(
+        "--compile", help="A static KV cache and torch.compile for the decoding steps (the "
+        "first run compiles; needs a C++ compiler, else eager; not with --beam).",
+    )] = False,
     max_new_tokens: Annotated[int | None, typer.Option(
         "--max-new-tokens", min=1, help="Longest output (default: 2 × input + 10).",
     )] = None,
@@ -110,10 +119,11 @@ def command(
         checkpoint, items = items[0], items[1:]
     texts = read_items(items, input_file, what="text to translate")
     if model is not None:
-        outputs = translate_pretrained(model, texts, beam=beam, max_new_tokens=max_new_tokens)
+        outputs = translate_pretrained(model, texts, beam=beam, max_new_tokens=max_new_tokens,
+                                       compile=compile)
     else:
-        outputs = translate_texts(checkpoint, texts, beam=beam,
-                                  max_new_tokens=max_new_tokens)  # fmt: skip
+        outputs = translate_texts(checkpoint, texts, beam=beam, max_new_tokens=max_new_tokens,
+                                  compile=compile)  # fmt: skip
     if as_json:
         print_jsonl({"source": t, "translation": o} for t, o in zip(texts, outputs, strict=True))
         return

@@ -15,6 +15,7 @@ the first compiled step (tracing plus code generation), apart from decoding.
 
 from __future__ import annotations
 
+import inspect
 import time
 import warnings
 from typing import Any
@@ -26,13 +27,16 @@ from qkv.generate.session import (
     DecoderSession,
     EncodedInputs,
     Inputs,
+    Seq2SeqSession,
     is_seq2seq,
     make_session,
 )
 
-__all__ = ["BUCKET", "StaticDecoderSession", "compiled_step", "open_session"]
+__all__ = ["BUCKET", "SOURCE_BUCKET", "StaticDecoderSession", "StaticSeq2SeqSession",
+           "compiled_method", "compiled_step", "open_session"]
 
 BUCKET = 256  # cache capacities are multiples of this: one compiled graph per bucket
+SOURCE_BUCKET = 64  # encoder-decoders: sources padded to a multiple of this
 
 def compiled_step(model: nn.Module) -> Any:
     """``torch.compile(model, fullgraph=True, dynamic=False)``, made once per model (held in a
@@ -110,12 +114,7 @@ class StaticDecoderSession(DecoderSession):
             logits = self.step_fn(tokens, attention_mask=self.mask, cache=self.cache,
                                   positions=positions)  # fmt: skip
         except Exception as err:  # inductor: no C++ compiler, or an unsupported platform
-            warnings.warn(
-                f"torch.compile could not compile the decoding step ({type(err).__name__}: "
-                f"{str(err).splitlines()[0][:200] if str(err) else ''}); it needs a working "
-                "C++ compiler (g++ or clang). Decoding eagerly instead (same tokens).",
-                RuntimeWarning, stacklevel=3,
-            )
+            _warn_eager(err)
             self.compiled, self.step_fn = False, self.model
             return self._run(tokens, positions)
         self.compile_seconds = time.perf_counter() - start
@@ -131,19 +130,120 @@ class StaticDecoderSession(DecoderSession):
                          "use compile=False with beam_size")  # fmt: skip
 
 
+class StaticSeq2SeqSession(Seq2SeqSession):
+    """A :class:`~qkv.generate.session.Seq2SeqSession` on a static cache, its steps after the
+    first compiled (``compile``) or eager.
+
+    The sources are padded to a multiple of :data:`SOURCE_BUCKET` tokens (padding is masked,
+    so the memory's real rows are unchanged) and the target capacity rounds up to
+    :data:`BUCKET`: one compiled graph serves every batch of the same size whose sources and
+    outputs fall in the same buckets. The first step (BOS) runs eagerly and stores each
+    layer's cross-attention keys and values in the cache; the compiled steps reuse them.
+
+    Attributes:
+        compile_seconds, compiled: as :class:`StaticDecoderSession`.
+
+    Raises:
+        ValueError: as :class:`Seq2SeqSession`, and a model whose cache cannot be static.
+    """
+
+    def __init__(self, model: nn.Module, sources: Inputs, max_new_tokens: int, pad_id: int,
+                 bos_id: Any, *, compile: bool = True) -> None:  # fmt: skip
+        super().__init__(model, sources, max_new_tokens, pad_id, bos_id)
+        S = self.memory.shape[1]
+        S_pad = -(-S // SOURCE_BUCKET) * SOURCE_BUCKET
+        if S_pad != S:  # pad the memory and its mask: the padded keys are never seen
+            B, E = self.memory.shape[0], self.memory.shape[2]
+            pad = self.memory.new_zeros(B, S_pad - S, E)
+            self.memory = torch.cat([self.memory, pad], dim=1)  # (B, S_pad, E)
+            hidden = torch.zeros(B, 1, 1, S_pad - S, dtype=torch.bool,
+                                 device=self.src_mask.device)  # fmt: skip
+            self.src_mask = torch.cat([self.src_mask, hidden], dim=-1)  # (B, 1, 1, S_pad)
+        L = -(-(max_new_tokens + 1) // BUCKET) * BUCKET
+        self.cache = model.new_cache(L, static=True, batch_size=self.batch)
+        self.capacity, self.written = L, 0
+        self.slot = torch.zeros(1, dtype=torch.long, device=self.memory.device)  # (1,)
+        self.cache.set_slots(self.slot)
+        self.compiled, self.compile_seconds = bool(compile), None
+        self.step_fn = compiled_method(model, "decode") if compile else model.decode
+
+    def next(self, tokens: Tensor) -> Tensor:
+        """Feed ``tokens (B,)`` at the next slot; returns ``(B, V)`` logits."""
+        if self.written >= self.capacity:
+            raise ValueError(f"the static cache is full ({self.capacity} slots)")
+        if self.written == 0:  # BOS, eagerly: stores the cross-attention keys and values
+            logits = self.model.decode(tokens[:, None], self.memory, self.src_mask,
+                                       cache=self.cache)  # (B, 1, V)  # fmt: skip
+        else:
+            logits = self._run(tokens[:, None])
+        self.slot.add_(1)
+        self.written += 1
+        return logits[:, -1].float()  # (B, V)
+
+    def _run(self, tokens: Tensor) -> Tensor:
+        args = (tokens, self.memory, self.src_mask)
+        if not self.compiled or self.compile_seconds is not None:
+            return self.step_fn(*args, cache=self.cache)
+        start = time.perf_counter()
+        try:
+            logits = self.step_fn(*args, cache=self.cache)
+        except Exception as err:  # inductor: no C++ compiler, or an unsupported platform
+            _warn_eager(err)
+            self.compiled, self.step_fn = False, self.model.decode
+            return self._run(tokens)
+        self.compile_seconds = time.perf_counter() - start
+        return logits
+
+    def select(self, rows: Tensor) -> None:
+        """Beam search reorders rows; a static cache has a fixed batch.
+
+        Raises:
+            ValueError: always (use ``compile=False`` with beam search).
+        """
+        raise ValueError("compiled decoding (a static cache) does not support beam search; "
+                         "use compile=False with beam_size")  # fmt: skip
+
+
+def compiled_method(model: nn.Module, name: str) -> Any:
+    """``torch.compile(getattr(model, name), fullgraph=True, dynamic=False)``, made once per
+    model and method (kept out of the module's attributes, as :func:`compiled_step`)."""
+    key = f"_qkv_compiled_{name}"
+    step = model.__dict__.get(key)
+    if step is None:
+        step = torch.compile(getattr(model, name), fullgraph=True, dynamic=False)
+        object.__setattr__(model, key, step)
+    return step
+
+
+def _warn_eager(err: Exception) -> None:
+    warnings.warn(
+        f"torch.compile could not compile the decoding step ({type(err).__name__}: "
+        f"{str(err).splitlines()[0][:200] if str(err) else ''}); it needs a working "
+        "C++ compiler (g++ or clang). Decoding eagerly instead (same tokens).",
+        RuntimeWarning, stacklevel=4,
+    )
+
+
 def open_session(model: nn.Module, inputs: Inputs | EncodedInputs, max_new_tokens: int, *,
                  pad_id: int | None, bos_id: int | None, compile: bool = False) -> Any:  # fmt: skip
     """:func:`qkv.generate.session.make_session`, or with ``compile`` a
-    :class:`StaticDecoderSession` (decoder-only models).
+    :class:`StaticDecoderSession` (decoder-only models) or :class:`StaticSeq2SeqSession`
+    (encoder-decoders with ``new_cache(static=True)``, e.g. Marian and BART).
 
     Raises:
-        ValueError: ``compile`` not a bool, or True for an encoder-decoder; as the sessions.
+        ValueError: ``compile`` not a bool, or True for decoding from encoded inputs (speech)
+            or a model without a static cache; as the sessions.
     """
     if not isinstance(compile, bool):
         raise ValueError(f"compile must be True or False, got {compile!r:.80}")
     if not compile:
         return make_session(model, inputs, max_new_tokens, pad_id=pad_id, bos_id=bos_id)
-    if isinstance(inputs, EncodedInputs) or is_seq2seq(model):
-        raise ValueError("compile=True serves decoder-only models (a static KV cache); "
-                         f"{type(model).__name__} is an encoder-decoder: use compile=False")
+    if isinstance(inputs, EncodedInputs):
+        raise ValueError("compile=True does not serve decoding from encoded inputs (speech) "
+                         "yet; use compile=False")  # fmt: skip
+    if is_seq2seq(model):
+        if "static" not in inspect.signature(model.new_cache).parameters:
+            raise ValueError(f"compile=True needs a static cache; {type(model).__name__}."
+                             "new_cache has none: use compile=False")  # fmt: skip
+        return StaticSeq2SeqSession(model, inputs, max_new_tokens, pad_id, bos_id)
     return StaticDecoderSession(model, inputs, max_new_tokens)

@@ -43,6 +43,7 @@ from qkv.models.seq2seq_positions import stack_positions
 from qkv.nn.block import TransformerBlock
 from qkv.nn.cache import KVCache
 from qkv.nn.norms import make_norm
+from qkv.nn.static_cache import StaticKVCache
 
 __all__ = ["Seq2SeqConfig", "Seq2SeqTransformer"]
 
@@ -107,10 +108,33 @@ class Seq2SeqTransformer(ModelBase):
         if c.tie_embeddings:
             self.lm_head.weight = self.tgt_embed.weight
 
-    def new_cache(self, max_len: int | None = None) -> KVCache:
+    def new_cache(self, max_len: int | None = None, *, static: bool = False,
+                  batch_size: int | None = None) -> KVCache | StaticKVCache:  # fmt: skip
         """An empty cache for :meth:`decode`, one layer per decoder block (``max_len``:
-        preallocate room for that many target tokens)."""
-        return KVCache(self.config.num_decoder_layers, max_len=max_len)
+        preallocate room for that many target tokens).
+
+        ``static=True`` gives a :class:`~qkv.nn.static_cache.StaticKVCache` of ``batch_size``
+        rows and ``max_len`` slots (the form ``torch.compile`` wants: one shape for every
+        step); the cross-attention keys and values are stored in it at the first step.
+
+        Raises:
+            ValueError: ``static`` without ``batch_size`` and ``max_len``, or for a model with
+                relative position biases (whose masks a static cache does not express).
+        """
+        c = self.config
+        if not static:
+            return KVCache(c.num_decoder_layers, max_len=max_len)
+        if batch_size is None or max_len is None:
+            raise ValueError("a static cache needs batch_size and max_len (its fixed shape)")
+        if self.tgt_rel_bias is not None or c.positions == "alibi":
+            raise ValueError(
+                f"a static cache does not support ALiBi or relative position biases (this "
+                f"model: positions={c.positions!r}); use new_cache() (static=False)"
+            )
+        weight = self.lm_head.weight
+        return StaticKVCache(c.num_decoder_layers, batch_size, max_len, c.num_heads,
+                             c.head_width, dtype=weight.dtype,
+                             device=weight.device)  # fmt: skip
 
     def _device(self) -> torch.device:
         return self.lm_head.weight.device
@@ -189,18 +213,30 @@ class Seq2SeqTransformer(ModelBase):
         B, T = check_ids("tgt_in", tgt_in, c.tgt_vocab_size).shape
         check_memory(memory, B, self.lm_head.weight, batch_of="tgt_in")
         cache = check_cache(cache, c.num_decoder_layers)
-        offset = 0 if cache is None else cache.length
         _check_mask("src_mask", src_mask, (B, c.num_heads, T, memory.shape[1]), device)
-        check_length("tgt_in", T, offset, self.position_limit)
-        y = self._embed(tgt_in, self.tgt_embed, self.tgt_pos, self.tgt_embed_norm,
-                        offset)  # (B, T, E)  # fmt: skip
-        bias = None
-        if self.tgt_rel_bias is not None:
-            bias = self.tgt_rel_bias(T, offset + T, offset, dtype=y.dtype)  # (1, H, T, S)
+        if isinstance(cache, StaticKVCache):
+            # New tokens at the cache's slots, seeing every slot its keep mask opens: no
+            # shape depends on how many tokens came before (one compiled graph per step).
+            if tuple(cache.slots.shape) != (T,):
+                raise ValueError(f"the static cache's slots {tuple(cache.slots.shape)} must "
+                                 f"have one entry per new token (T={T}); call set_slots first")
+            positions = cache.slots + c.position_offset  # (T,)
+            y = self._embed(tgt_in, self.tgt_embed, self.tgt_pos, self.tgt_embed_norm, 0,
+                            positions=positions)  # (B, T, E)  # fmt: skip
+            mask, causal = cache.keep_mask(), False  # (1, 1, T, L)
+            rotary = cache.slots  # (T,): what rotary positions read
+        else:
+            offset = 0 if cache is None else cache.length
+            check_length("tgt_in", T, offset, self.position_limit)
+            y = self._embed(tgt_in, self.tgt_embed, self.tgt_pos, self.tgt_embed_norm,
+                            offset)  # (B, T, E)  # fmt: skip
+            mask, causal, rotary = None, T > 1, None
+            if self.tgt_rel_bias is not None:
+                mask = self.tgt_rel_bias(T, offset + T, offset, dtype=y.dtype)  # (1, H, T, S)
         for i, block in enumerate(self.decoder_blocks):
             y = block(
-                y, memory, mask=bias, is_causal=T > 1, context_mask=src_mask,
-                cache=None if cache is None else cache[i],
+                y, memory, mask=mask, is_causal=causal, context_mask=src_mask,
+                cache=None if cache is None else cache[i], positions=rotary,
             )  # (B, T, E)
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
@@ -210,12 +246,16 @@ class Seq2SeqTransformer(ModelBase):
 
     def _embed(
         self, ids: Tensor, embed: nn.Module, pos: nn.Module | None, norm: nn.Module | None,
-        offset: int,
+        offset: int, positions: Tensor | None = None,
     ) -> Tensor:  # fmt: skip
         """``ids (B, T) -> (B, T, E)``: scaled embeddings + positions (after ``offset`` cached
-        tokens, shifted by ``position_offset``), then the embedding norm and dropout."""
+        tokens, shifted by ``position_offset``; or ``positions (T,)`` as given), then the
+        embedding norm and dropout."""
         x = embed(ids) * self.embed_scale  # (B, T, E)
-        x = add_positions(pos, x, offset=offset + self.config.position_offset)  # (B, T, E)
+        if positions is None:
+            x = add_positions(pos, x, offset=offset + self.config.position_offset)  # (B, T, E)
+        else:
+            x = add_positions(pos, x, positions=positions)  # (B, T, E)
         return self.drop(x if norm is None else norm(x))
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:

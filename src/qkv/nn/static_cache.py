@@ -30,7 +30,7 @@ class StaticLayerKVCache:
     Attributes:
         k, v: ``(B, Hkv, L, D)`` and ``(B, Hkv, L, Dv)`` buffers (zeros until written).
         slots: ``(T,)`` long, where the next :meth:`update` writes (set by the owner).
-        static: always None (cross-attention keys are not held here).
+        static: None, or the cross-attention pair kept by :meth:`set_static`.
         window: always None (no rolling).
     """
 
@@ -46,6 +46,11 @@ class StaticLayerKVCache:
         self.k.index_copy_(2, self.slots, k.to(self.k.dtype))
         self.v.index_copy_(2, self.slots, v.to(self.v.dtype))
         return self.k, self.v
+
+    def set_static(self, k: Tensor, v: Tensor) -> None:
+        """Keep a cross-attention pair ``k (B, Hkv, S, D)``, ``v (B, Hkv, S, Dv)``, projected
+        once from the encoder's memory (at the first step) and reused by every later one."""
+        self.static = (k, v)
 
     def visible(self, mask: Tensor, S: int) -> Tensor:
         """The mask as given: a static cache holds every slot (``S == L``)."""

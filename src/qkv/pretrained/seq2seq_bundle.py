@@ -83,6 +83,7 @@ class Seq2SeqBundle:
         beam_size: int | None = None, alpha: float = 0.0, temperature: float = 0.0,
         top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
         length_penalty: float | None = None, early_stopping: bool | str = False,
+        compile: bool = False,
     ) -> list[list[int]]:  # fmt: skip
         """Output token ids of each source (EOS and padding removed), decoded as one batch.
 
@@ -98,6 +99,9 @@ class Seq2SeqBundle:
                 (:func:`qkv.generate.beam_search_hf`: ``log p / |y| ** length_penalty`` and its
                 stopping rules), for outputs equal to a checkpoint's ``generate``; needs
                 ``beam_size``, excludes ``alpha``.
+            compile: decode with a static KV cache and the steps after the first compiled by
+                ``torch.compile`` (:mod:`qkv.generate.compiled`; the first call compiles,
+                later ones in the same buckets reuse it); not with beam search.
 
         Returns:
             ``N`` lists of ids.
@@ -114,6 +118,9 @@ class Seq2SeqBundle:
             raise ValueError("give at least one source")
         rows = [self.source_ids(s) for s in sources]
         n = self._limit(max(len(r) for r in rows), max_new_tokens)
+        if compile and beam_size is not None:
+            raise ValueError("compile=True (a static KV cache) does not serve beam search; "
+                             "use compile=False with beam_size")  # fmt: skip
         if length_penalty is not None:
             if beam_size is None or alpha:
                 raise ValueError("length_penalty (transformers' beam search) needs beam_size and "
@@ -124,7 +131,7 @@ class Seq2SeqBundle:
             return strip(tokens, self.config.eos_id)
         tokens = generate(self.model, rows, max_new_tokens=n, beam_size=beam_size, alpha=alpha,
                           temperature=temperature, top_k=top_k, top_p=top_p,
-                          seed=seed)  # (N, L)  # fmt: skip
+                          seed=seed, compile=compile)  # (N, L)  # fmt: skip
         return strip(tokens, self.config.eos_id)
 
     def _decode(self, ids: list[int]) -> str:
@@ -136,6 +143,7 @@ class Seq2SeqBundle:
         self, texts: str | Sequence[str], *, beam_size: int | None = None, alpha: float = 0.0,
         max_new_tokens: int | None = None, batch_size: int = 16,
         length_penalty: float | None = None, early_stopping: bool | str = False,
+        compile: bool = False,
     ) -> list[str]:  # fmt: skip
         """Translate (or summarise, or whatever the model was trained for) ``texts``.
 
@@ -147,6 +155,7 @@ class Seq2SeqBundle:
             batch_size: texts decoded together.
             length_penalty, early_stopping: transformers' beam search (see
                 :meth:`generate_ids`).
+            compile: a static cache and compiled steps (see :meth:`generate_ids`).
 
         Returns:
             ``N`` strings, special tokens removed (one for a single string).
@@ -167,7 +176,8 @@ class Seq2SeqBundle:
             ids = self.generate_ids(items[start : start + batch_size], beam_size=beam_size,
                                     alpha=alpha, max_new_tokens=max_new_tokens,
                                     length_penalty=length_penalty,
-                                    early_stopping=early_stopping)  # fmt: skip
+                                    early_stopping=early_stopping,
+                                    compile=compile)  # fmt: skip
             out.extend(self._decode(row) for row in ids)
         return out
 
@@ -175,6 +185,7 @@ class Seq2SeqBundle:
         self, source: object, max_new_tokens: int | None = None, *,
         beam_size: int | None = None, alpha: float = 0.0, temperature: float = 0.0,
         top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+        compile: bool = False,
     ) -> str:  # fmt: skip
         """The output text for one source (a string or token ids); options as
         :meth:`generate_ids`.
@@ -184,5 +195,5 @@ class Seq2SeqBundle:
         """
         ids = self.generate_ids([source], max_new_tokens=max_new_tokens, beam_size=beam_size,
                                 alpha=alpha, temperature=temperature, top_k=top_k, top_p=top_p,
-                                seed=seed)  # fmt: skip
+                                seed=seed, compile=compile)  # fmt: skip
         return self._decode(ids[0])
