@@ -362,6 +362,9 @@ def test_translate_command_refuses_bad_models_in_one_line(root, tmp_path):
         (["--model", str(tmp_path / "lm"), "x"], ["DecoderLM", "not an encoder-decoder"]),
         (["--model", str(folder)], ["give at least one text to translate", "--input FILE"]),
         (["--model", str(folder), "x", "--beam", "0"], ["--beam"]),
+        (["--model", str(folder), "x", "--beam", "2", "--compile"], ["--compile", "--beam 2"]),
+        (["--model", str(_folder("t5", root)[0]), "x", "--compile"],
+         ["static cache does not support"]),
         ([], ["CHECKPOINT", "--model"]),
     ]
     for args, words in cases:
