@@ -285,6 +285,7 @@ def _forward(q, k, v, mask, alibi, keep, spec: _Spec):
                 l = torch.addcmul(l_tile, l, alpha)
                 o = torch.addcmul(pv, o, alpha)
             m = m_new
+            del s, p  # this tile's scores go before the next tile's are made
         # 4) Normalise; rows that saw no key have l = 0 and stay zero.
         outs.append((o / safe_total(l)).to(dtype))  # (B, H, bq, Dv)
         # In float64 for float32 inputs: lse ~ the largest score, and its float32 rounding
