@@ -203,3 +203,25 @@ def test_alibi_far_keys_match_math(T):
                                              is_causal="bottom-right", backend="flash")
     err = (out32.double() - ref).abs().max().item()
     assert err < 1e-5, f"float32 ALiBi max error {err:.3g}"
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-9), (torch.float32, 2e-4)])
+def test_backward_with_far_keys_matches_math_and_masked_keys_get_no_gradient(dtype, tol):
+    """The backward's exps are floored too: steep ALiBi and masked keys, T > 16 (tiles)."""
+    q, k, v = inputs(1, 4, 4, 100, 300, dtype=dtype)
+    slopes = torch.tensor([0.5, 1.0, 2.0, 8.0])
+    mask = torch.ones(1, 1, 100, 300, dtype=torch.bool)
+    mask[..., 250:] = False
+    dout = torch.randn(1, 4, 100, v.shape[-1], dtype=dtype)
+    grads = []
+    for backend in ("flash", "math"):
+        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+        out = qkv.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, backend=backend,
+                                               alibi_slopes=slopes, is_causal="bottom-right")
+        (out * dout).sum().backward()
+        grads.append((qq.grad, kk.grad, vv.grad))
+    for name, a, b in zip("qkv", *grads, strict=True):
+        err = (a - b).abs().max().item()
+        assert err <= tol, f"{dtype} d{name}: max error {err:.3g} > {tol}"
+    assert torch.equal(grads[0][1][..., 250:, :], torch.zeros_like(grads[0][1][..., 250:, :]))
+    assert torch.equal(grads[0][2][..., 250:, :], torch.zeros_like(grads[0][2][..., 250:, :]))

@@ -40,6 +40,7 @@ from qkv.attention.masks import (
     accumulation_dtype,
     apply_mask,
     dropout_keep,
+    exp_floored_,
     exp_shifted_,
     poison_rows,
     safe_lse,
@@ -335,7 +336,7 @@ def _backward(q, k, v, out, lse, dout, dlse, mask, alibi, keep, spec: _Spec):
             bk = plan.j1 - plan.j0
             kt, vt = _kv(k, v, plan.j0, plan.j1, acc)
             s = _scores(call, qs, kt, plan, H)  # (B, H, bq, bk)
-            p = s.sub_(lse_b[:, :, i0:i1]).exp_()  # (B, H, bq, bk): exact weights
+            p = exp_floored_(s.sub_(lse_b[:, :, i0:i1]))  # (B, H, bq, bk): the weights
             dp = (do @ vt.transpose(-2, -1)).reshape(B, H, bq, bk)  # dL/d(applied p)
             p_applied = p
             if keep is not None:
