@@ -171,3 +171,37 @@ def test_failed_seq2seq_compile_warns_and_decodes_eagerly(monkeypatch):
     with pytest.warns(RuntimeWarning, match="needs a working C\\+\\+ compiler"):
         got = greedy(model, SOURCES, max_new_tokens=5, eos_id=None, compile=True)
     assert torch.equal(got, want)
+
+
+# --- decoding from encoded inputs (speech) -------------------------------------------------
+
+
+def test_static_memory_session_equals_dynamic_and_compiled_greedy_equals_eager():
+    from qkv.generate.compiled import StaticMemorySession
+    from qkv.generate.session import EncodedInputs, MemorySession
+    from qkv.models.speech import SpeechSeq2Seq, SpeechSeq2SeqConfig
+
+    torch.manual_seed(0)
+    model = SpeechSeq2Seq(SpeechSeq2SeqConfig(
+        vocab_size=50, n_mels=8, d_model=32, num_heads=4, num_encoder_layers=1,
+        num_decoder_layers=2, d_ff=64, max_source_len=16, max_len=40, pad_id=49, bos_id=47,
+        eos_id=49)).eval()  # fmt: skip
+    memory = model.encode(torch.randn(2, 8, 30))  # (2, 15, 32)
+    inputs = EncodedInputs(memory, [[47, 3, 4], [47, 5, 6]], suppress=[48])
+    def error(a, b):  # suppressed tokens are -inf on both sides
+        assert torch.equal(torch.isinf(a), torch.isinf(b))
+        return (a - b)[torch.isfinite(a)].abs().max().item()
+
+    with torch.no_grad():
+        dynamic = MemorySession(model, inputs, 10)
+        static = StaticMemorySession(model, inputs, 10, compile=False)
+        a, b = dynamic.first(), static.first()
+        errors = [error(a, b)]
+        for _ in range(6):
+            tokens = a.argmax(-1)
+            a, b = dynamic.next(tokens), static.next(tokens)
+            errors.append(error(a, b))
+    assert max(errors) < 1e-5, f"static vs dynamic logits, max error {max(errors)}"
+    want = greedy(model, inputs, max_new_tokens=8, eos_id=None)
+    got = greedy(model, inputs, max_new_tokens=8, eos_id=None, compile=True)
+    assert torch.equal(got, want), (got.tolist(), want.tolist())

@@ -70,6 +70,10 @@ def command(
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print one JSON object per file ({\"file\", \"text\"}), one per line.",
     )] = False,
+    compile: Annotated[bool, typer.Option(
+        "--compile", help="A static KV cache and torch.compile for the decoding steps (the "
+        "first file compiles; needs a C++ compiler, else eager; not with --beam-size).",
+    )] = False,
 ) -> None:
     """Transcribe speech to text, offline, with Whisper on qkv's attention.
 
@@ -89,6 +93,9 @@ def command(
         if not file.is_file():
             what = "is a folder" if file.is_dir() else "does not exist"
             raise FileNotFoundError(f"FILE {file} {what} (expected an audio file)")
+    if compile and beam_size is not None:
+        raise ValueError(f"--compile (a static KV cache) does not serve --beam-size "
+                         f"{beam_size}; drop one")  # fmt: skip
     if align is not None:  # refused now, not after the transcription
         if align.is_dir():
             raise ValueError(f"--align {align} is a folder; expected a .png file path")
@@ -103,9 +110,9 @@ def command(
         prefix = f"{escape(str(file))}: " if several else ""
         if as_json:
             with status(stderr, f"transcribing {file} ..."):
-                text = bundle.transcribe(file, beam_size=beam_size)
+                text = bundle.transcribe(file, beam_size=beam_size, compile=compile)
             print_jsonl([{"file": str(file), "text": text}])
-        elif console.is_terminal and beam_size is None:
+        elif console.is_terminal and beam_size is None and not compile:
             console.print(prefix, end="")
             for piece in bundle.stream(file):
                 console.print(escape(piece), end="")
@@ -113,7 +120,7 @@ def command(
             console.print()
         else:
             with status(stderr, f"transcribing {file} ..."):
-                text = bundle.transcribe(file, beam_size=beam_size)
+                text = bundle.transcribe(file, beam_size=beam_size, compile=compile)
             console.print(prefix + escape(text))
         if align is not None:
             with status(stderr, "drawing the alignment ..."):

@@ -27,13 +27,14 @@ from qkv.generate.session import (
     DecoderSession,
     EncodedInputs,
     Inputs,
+    MemorySession,
     Seq2SeqSession,
     is_seq2seq,
     make_session,
 )
 
-__all__ = ["BUCKET", "SOURCE_BUCKET", "StaticDecoderSession", "StaticSeq2SeqSession",
-           "compiled_method", "compiled_step", "open_session"]
+__all__ = ["BUCKET", "SOURCE_BUCKET", "StaticDecoderSession", "StaticMemorySession",
+           "StaticSeq2SeqSession", "compiled_method", "compiled_step", "open_session"]
 
 BUCKET = 256  # cache capacities are multiples of this: one compiled graph per bucket
 SOURCE_BUCKET = 64  # encoder-decoders: sources padded to a multiple of this
@@ -204,6 +205,70 @@ class StaticSeq2SeqSession(Seq2SeqSession):
                          "use compile=False with beam_size")  # fmt: skip
 
 
+class StaticMemorySession(MemorySession):
+    """A :class:`~qkv.generate.session.MemorySession` (decoding from encoded inputs with a
+    forced prompt, e.g. Whisper) on a static cache, its steps after the prompt compiled.
+
+    The prompt runs eagerly at slots ``0..P-1`` and stores each layer's cross-attention keys
+    and values; later steps write one slot each through ``torch.compile``. The capacity
+    rounds up to :data:`BUCKET`; the memory's shape (``(B, 1500, E)`` for a 30 s window) is
+    part of the graph.
+
+    Attributes:
+        compile_seconds, compiled: as :class:`StaticDecoderSession`.
+    """
+
+    def __init__(self, model: nn.Module, inputs: EncodedInputs, max_new_tokens: int, *,
+                 compile: bool = True) -> None:  # fmt: skip
+        super().__init__(model, inputs, max_new_tokens)
+        P = self.prompts.shape[1]
+        L = -(-(P + max_new_tokens) // BUCKET) * BUCKET
+        self.cache = model.new_cache(L, static=True, batch_size=self.batch)
+        self.capacity, self.written = L, 0
+        self.slot = torch.full((1,), P, dtype=torch.long, device=self.prompts.device)  # (1,)
+        self.compiled, self.compile_seconds = bool(compile), None
+        self.step_fn = compiled_method(model, "decode") if compile else model.decode
+
+    def _logits(self, tokens: Tensor) -> Tensor:
+        T = tokens.shape[1]
+        if self.written + T > self.capacity:
+            raise ValueError(f"the static cache is full ({self.capacity} slots)")
+        if self.written == 0:  # the prompt, eagerly: stores the cross-attention keys/values
+            self.cache.set_slots(torch.arange(T, device=tokens.device))
+            out = self.model.decode(tokens, self.memory, self.memory_mask, cache=self.cache)
+            self.cache.set_slots(self.slot)
+        else:
+            out = self._run(tokens)
+            self.slot.add_(1)
+        self.written += T
+        logits = out[:, -1].float()  # (B, V)
+        logits[:, self.suppress] = float("-inf")
+        return logits
+
+    def _run(self, tokens: Tensor) -> Tensor:
+        args = (tokens, self.memory, self.memory_mask)
+        if not self.compiled or self.compile_seconds is not None:
+            return self.step_fn(*args, cache=self.cache)
+        start = time.perf_counter()
+        try:
+            out = self.step_fn(*args, cache=self.cache)
+        except Exception as err:  # inductor: no C++ compiler, or an unsupported platform
+            _warn_eager(err)
+            self.compiled, self.step_fn = False, self.model.decode
+            return self._run(tokens)
+        self.compile_seconds = time.perf_counter() - start
+        return out
+
+    def select(self, rows: Tensor) -> None:
+        """Beam search reorders rows; a static cache has a fixed batch.
+
+        Raises:
+            ValueError: always (use ``compile=False`` with beam search).
+        """
+        raise ValueError("compiled decoding (a static cache) does not support beam search; "
+                         "use compile=False with beam_size")  # fmt: skip
+
+
 def compiled_method(model: nn.Module, name: str) -> Any:
     """``torch.compile(getattr(model, name), fullgraph=True, dynamic=False)``, made once per
     model and method (kept out of the module's attributes, as :func:`compiled_step`)."""
@@ -228,22 +293,22 @@ def open_session(model: nn.Module, inputs: Inputs | EncodedInputs, max_new_token
                  pad_id: int | None, bos_id: int | None, compile: bool = False) -> Any:  # fmt: skip
     """:func:`qkv.generate.session.make_session`, or with ``compile`` a
     :class:`StaticDecoderSession` (decoder-only models) or :class:`StaticSeq2SeqSession`
-    (encoder-decoders with ``new_cache(static=True)``, e.g. Marian and BART).
+    (encoder-decoders with ``new_cache(static=True)``, e.g. Marian and BART) or
+    :class:`StaticMemorySession` (encoded inputs with a forced prompt, e.g. Whisper).
 
     Raises:
-        ValueError: ``compile`` not a bool, or True for decoding from encoded inputs (speech)
-            or a model without a static cache; as the sessions.
+        ValueError: ``compile`` not a bool, or True for a model without a static cache; as
+            the sessions.
     """
     if not isinstance(compile, bool):
         raise ValueError(f"compile must be True or False, got {compile!r:.80}")
     if not compile:
         return make_session(model, inputs, max_new_tokens, pad_id=pad_id, bos_id=bos_id)
-    if isinstance(inputs, EncodedInputs):
-        raise ValueError("compile=True does not serve decoding from encoded inputs (speech) "
-                         "yet; use compile=False")  # fmt: skip
-    if is_seq2seq(model):
+    if isinstance(inputs, EncodedInputs) or is_seq2seq(model):
         if "static" not in inspect.signature(model.new_cache).parameters:
             raise ValueError(f"compile=True needs a static cache; {type(model).__name__}."
                              "new_cache has none: use compile=False")  # fmt: skip
+        if isinstance(inputs, EncodedInputs):
+            return StaticMemorySession(model, inputs, max_new_tokens)
         return StaticSeq2SeqSession(model, inputs, max_new_tokens, pad_id, bos_id)
     return StaticDecoderSession(model, inputs, max_new_tokens)

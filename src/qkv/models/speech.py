@@ -34,6 +34,7 @@ from qkv.nn.cache import KVCache
 from qkv.nn.feedforward import ACTIVATIONS as FFN_ACTIVATIONS
 from qkv.nn.norms import make_norm
 from qkv.nn.positions import LearnedPositionalEmbedding
+from qkv.nn.static_cache import StaticKVCache
 
 __all__ = ["SpeechSeq2Seq", "SpeechSeq2SeqConfig", "speech_sinusoids"]
 
@@ -165,10 +166,25 @@ class SpeechSeq2Seq(ModelBase):
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.lm_head.weight = self.tgt_embed.weight
 
-    def new_cache(self, max_len: int | None = None) -> KVCache:
+    def new_cache(self, max_len: int | None = None, *, static: bool = False,
+                  batch_size: int | None = None) -> KVCache | StaticKVCache:  # fmt: skip
         """An empty cache for :meth:`decode`, one layer per decoder block (``max_len``:
-        preallocate room for that many tokens)."""
-        return KVCache(self.config.num_decoder_layers, max_len=max_len)
+        preallocate room for that many tokens); ``static=True``: a
+        :class:`~qkv.nn.static_cache.StaticKVCache` of ``batch_size`` rows and ``max_len``
+        slots, the fixed shape ``torch.compile`` wants.
+
+        Raises:
+            ValueError: ``static`` without ``batch_size`` and ``max_len``.
+        """
+        c = self.config
+        if not static:
+            return KVCache(c.num_decoder_layers, max_len=max_len)
+        if batch_size is None or max_len is None:
+            raise ValueError("a static cache needs batch_size and max_len (its fixed shape)")
+        weight = self.lm_head.weight
+        return StaticKVCache(c.num_decoder_layers, batch_size, max_len, c.num_heads,
+                             c.d_model // c.num_heads, dtype=weight.dtype,
+                             device=weight.device)  # fmt: skip
 
     def _check_features(self, features: object) -> Tensor:
         c = self.config
@@ -246,11 +262,21 @@ class SpeechSeq2Seq(ModelBase):
                              f", got {tokens.device}")  # fmt: skip
         check_memory(memory, B, self.lm_head.weight, batch_of="tokens")
         cache = check_cache(cache, c.num_decoder_layers)
-        offset = 0 if cache is None else cache.length
-        check_length("tokens", T, offset, c.max_len)
-        y = self.drop(self.tgt_pos(self.tgt_embed(tokens), offset))  # (B, T, E)
+        if isinstance(cache, StaticKVCache):
+            # New tokens at the cache's slots under its keep mask: one shape for every step.
+            if tuple(cache.slots.shape) != (T,):
+                raise ValueError(f"the static cache's slots {tuple(cache.slots.shape)} must "
+                                 f"have one entry per new token (T={T}); call set_slots first")
+            y = self.tgt_pos(self.tgt_embed(tokens), positions=cache.slots)  # (B, T, E)
+            mask, causal = cache.keep_mask(), False  # (1, 1, T, L)
+        else:
+            offset = 0 if cache is None else cache.length
+            check_length("tokens", T, offset, c.max_len)
+            y = self.tgt_pos(self.tgt_embed(tokens), offset)  # (B, T, E)
+            mask, causal = None, T > 1
+        y = self.drop(y)
         for i, block in enumerate(self.decoder_blocks):
-            y = block(y, memory, is_causal=T > 1, context_mask=memory_mask,
+            y = block(y, memory, mask=mask, is_causal=causal, context_mask=memory_mask,
                       cache=None if cache is None else cache[i])  # (B, T, E)  # fmt: skip
         return self.lm_head(self.decoder_norm(y))  # (B, T, V)
 

@@ -286,7 +286,7 @@ class SpeechBundle:
 
     @torch.no_grad()
     def tokens(self, features: Tensor, *, beam_size: int | None = None, alpha: float = 0.0,
-               max_new_tokens: int = 224) -> list[list[int]]:  # fmt: skip
+               max_new_tokens: int = 224, compile: bool = False) -> list[list[int]]:  # fmt: skip
         """Token ids of each window's transcription (EOS stripped), greedy or beam search.
 
         Args:
@@ -295,18 +295,24 @@ class SpeechBundle:
                 (:func:`qkv.generate.beam_search`).
             alpha: beam search's GNMT length-penalty exponent (0: plain log-probabilities).
             max_new_tokens: per window (Whisper's default: half its 448 positions).
+            compile: greedy decoding on a static cache with the steps after the prompt
+                through ``torch.compile`` (the first call compiles; not with beam search).
 
         Raises:
             TypeError, ValueError: features that are not ``(W, n_mels, F)`` float tensors;
-                bad ``beam_size``, ``alpha`` or ``max_new_tokens``.
+                bad ``beam_size``, ``alpha`` or ``max_new_tokens``; ``compile`` with beams.
         """
         if not isinstance(features, Tensor) or not features.is_floating_point():
             raise TypeError(f"features must be a float tensor (W, n_mels, F), got "
                             f"{getattr(features, 'dtype', type(features).__name__)}")  # fmt: skip
         memory = self.model.encode(features.to(self.model.conv1.weight))  # (W, S, E)
         inputs = self.inputs(memory)
+        if compile and beam_size is not None:
+            raise ValueError("compile=True (a static KV cache) does not serve beam search; "
+                             "use compile=False with beam_size")  # fmt: skip
         if beam_size is None:
-            out = greedy(self.model, inputs, max_new_tokens=max_new_tokens)  # type: ignore[arg-type]
+            out = greedy(self.model, inputs, max_new_tokens=max_new_tokens,  # type: ignore[arg-type]
+                         compile=compile)
         else:
             out = beam_search(self.model, inputs, beam_size=beam_size,  # type: ignore[arg-type]
                               max_new_tokens=max_new_tokens, alpha=alpha)
@@ -320,7 +326,7 @@ class SpeechBundle:
         return self.tokenizer.decode(keep).strip()
 
     def transcribe(self, audio: object, *, beam_size: int | None = None, alpha: float = 0.0,
-                   max_new_tokens: int = 224) -> str:  # fmt: skip
+                   max_new_tokens: int = 224, compile: bool = False) -> str:  # fmt: skip
         """The text spoken in ``audio``, window by window (30 s each), joined by spaces.
 
         Args:
@@ -328,13 +334,14 @@ class SpeechBundle:
             beam_size: None (greedy) or the number of beams.
             alpha: beam search's length-penalty exponent (0: none).
             max_new_tokens: the most tokens per 30 s window.
+            compile: a static cache and compiled decoding steps (see :meth:`tokens`).
 
         Raises:
             TypeError, ValueError: audio that is neither a path nor a 1-D float array.
             BadFileError, MissingFileError: an audio file that cannot be read.
         """
         rows = self.tokens(self.features(audio), beam_size=beam_size, alpha=alpha,
-                           max_new_tokens=max_new_tokens)  # fmt: skip
+                           max_new_tokens=max_new_tokens, compile=compile)  # fmt: skip
         return " ".join(t for t in (self.text(r) for r in rows) if t)
 
     @torch.no_grad()
