@@ -106,3 +106,44 @@ def test_half_precision_units_reads_the_cpu_capability():
 
     capability = torch.backends.cpu.get_cpu_capability()
     assert half_precision_units() == capability.startswith("AVX512"), capability
+
+
+def test_one_query_after_a_cache_is_a_plain_call():
+    """is_causal="bottom-right" with T = 1 hides nothing: no causal mask is built, so auto
+    does not send one decoding step down the masked path."""
+    from qkv.attention.call import make_call
+
+    q, k = torch.randn(1, 8, 1, 16), torch.randn(1, 8, 300, 16)
+    call = make_call(q, k, k, None, 0.0, "bottom-right", None, False, False)
+    assert call.causal is None and call.plain
+    with torch.no_grad():
+        assert qkv.explain(q, k, k, is_causal="bottom-right").chosen == "torch"
+
+
+def test_alibi_distances_survive_a_dropped_causal_mask():
+    """Top-left causal with one key (S = 1) hides nothing, but ALiBi's distances still count
+    from the causal diagonal: every backend equals the written-out bias."""
+    q, k, v = (torch.randn(1, 2, n, 8, dtype=torch.float64) for n in (4, 1, 1))
+    slopes = torch.tensor([0.5, 2.0])
+    i = torch.arange(4, dtype=torch.float64)[:, None]  # (T, 1): distance |i - 0|
+    bias = -slopes[:, None, None] * i.abs()[None]  # (H, T, 1)
+    want = torch.softmax(q @ k.transpose(-2, -1) / 8**0.5 + bias, -1) @ v
+    for backend in ("math", "flash", "torch"):
+        got = qkv.scaled_dot_product_attention(q, k, v, is_causal=True, alibi_slopes=slopes,
+                                               backend=backend)
+        assert (got - want).abs().max() < 1e-12, backend
+
+
+@pytest.mark.parametrize("H,Hkv,S,chosen", [
+    (9, 3, 2048, "torch"), (9, 3, 4096, "flash"), (16, 4, 4096, "flash"), (4, 2, 4096, "torch"),
+    (4, 2, 8192, "flash"), (8, 8, 16384, "torch"),
+])
+def test_auto_sends_long_grouped_decoding_to_flash(H, Hkv, S, chosen):
+    q, k = torch.randn(1, H, 1, 16), torch.randn(1, Hkv, S, 16)
+    with torch.no_grad():
+        e = qkv.explain(q, k, k, enable_gqa=True)
+    assert e.chosen == chosen, str(e)
+    if chosen == "flash":
+        assert "grouped-query decoding" in e.reasons["torch"]
+    q.requires_grad_()
+    assert qkv.explain(q, k, k, enable_gqa=True).chosen == "torch"  # training: not decoding

@@ -330,6 +330,13 @@ def make_call(
             raise AttentionArgumentError(f"window must be a positive int or None, got {window!r}")
         if causal is None:
             raise AttentionArgumentError("window (a sliding causal window) needs is_causal")
+    alibi_shift = causal if causal is not None else S - T
+    alibi_offset = None
+    if causal is not None and window is None and causal >= S - 1:
+        # Every query sees every key (one new token after a cache, is_causal="bottom-right"):
+        # no causal mask, so backends take their unmasked paths; ALiBi keeps its distances.
+        causal = None
+        alibi_offset = alibi_shift if alibi_shift != S - T else None
 
     return AttentionCall(
         query=q,
@@ -338,13 +345,12 @@ def make_call(
         mask=mask,
         causal=causal,
         window=window,
-        alibi=_check_alibi(
-            alibi_slopes, H, q, T, S, causal if causal is not None else S - T
-        ),
+        alibi=_check_alibi(alibi_slopes, H, q, T, S, alibi_shift),
         scale=float(scale) if scale is not None else 1.0 / math.sqrt(D) if D > 0 else 1.0,
         dropout_p=float(dropout_p),
         need_weights=bool(need_weights),
         batch_shape=batch_shape,
         squeeze_heads=squeeze_heads,
         need_lse=bool(need_lse),
+        alibi_offset=alibi_offset if alibi_slopes is not None else None,
     )
