@@ -134,16 +134,10 @@ def test_alibi_distances_survive_a_dropped_causal_mask():
         assert (got - want).abs().max() < 1e-12, backend
 
 
-@pytest.mark.parametrize("H,Hkv,S,chosen", [
-    (9, 3, 2048, "torch"), (9, 3, 4096, "flash"), (16, 4, 4096, "flash"), (4, 2, 4096, "torch"),
-    (4, 2, 8192, "flash"), (8, 8, 16384, "torch"),
-])
-def test_auto_sends_long_grouped_decoding_to_flash(H, Hkv, S, chosen):
+@pytest.mark.parametrize("H,Hkv,S", [(9, 3, 4096), (16, 4, 16384), (8, 8, 16384)])
+def test_auto_keeps_plain_decoding_on_torchs_kernel(H, Hkv, S):
+    """Measured: torch's kernel (grouped heads folded into the query length) beats
+    flash-decoding on plain calls at every S up to 16k; only masks send decoding to flash."""
     q, k = torch.randn(1, H, 1, 16), torch.randn(1, Hkv, S, 16)
     with torch.no_grad():
-        e = qkv.explain(q, k, k, enable_gqa=True)
-    assert e.chosen == chosen, str(e)
-    if chosen == "flash":
-        assert "grouped-query decoding" in e.reasons["torch"]
-    q.requires_grad_()
-    assert qkv.explain(q, k, k, enable_gqa=True).chosen == "torch"  # training: not decoding
+        assert qkv.explain(q, k, k, enable_gqa=True, is_causal="bottom-right").chosen == "torch"

@@ -73,9 +73,10 @@ def decode_forward(
     for plan in plan_blocks(T, S, T, bk, call.causal, call.window)[0].tiles:
         j0, j1 = plan.j0, plan.j1
         plain = not (masked or plan.partial)
-        # Splits only of a block spanning every key: a block of part of them viewed as
-        # (B, Hkv, n, c, D) has batch strides matmul cannot merge, and it would copy K.
-        n = splits(B * Hkv, j1 - j0) if plain and j1 - j0 == S else 1
+        # Splits only where (B, Hkv, n, c, D) views merge into one batch dimension: a block
+        # spanning every key of a contiguous K and V (a block of part of them, or keys that
+        # are a slice of a longer cache buffer, would make matmul copy K).
+        n = splits(B * Hkv, j1 - j0) if plain and _mergeable(k, v, j1 - j0) else 1
         main = j0 + (j1 - j0) // n * n  # keys [j0, main) split n ways, [main, j1) the rest
         parts.append(_partial(call, qs, k, v, j0, main, n, None if plain else plan, acc))
         if main < j1:
@@ -102,6 +103,18 @@ def decode_forward(
 
 
 _TINY = 1e-30  # below any row sum that saw a key (each such sum is >= 1)
+
+
+def _mergeable(k: Tensor, v: Tensor, keys: int) -> bool:
+    """Whether ``keys`` keys of ``k``/``v`` ``(B, Hkv, S, ·)`` cut into splits keep batch
+    strides matmul can merge: each head's keys contiguous and heads back to back."""
+    def merges(t: Tensor) -> bool:
+        B, Hkv, S, D = t.shape
+        rows = S == keys and t.stride(3) == 1 and t.stride(2) == D
+        heads = t.stride(1) == keys * D and (B == 1 or t.stride(0) == Hkv * t.stride(1))
+        return rows and heads
+
+    return merges(k) and merges(v)
 
 
 def _finite(m: Tensor) -> Tensor:

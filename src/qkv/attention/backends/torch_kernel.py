@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from qkv.attention.call import AttentionCall
-from qkv.attention.flash_blocks import DECODE_ROWS
 from qkv.attention.masks import (
     accumulation_dtype,
     dead_rows,
@@ -101,9 +100,6 @@ def prefer_not(call: AttentionCall) -> str | None:
             f"{' and '.join(parts)} would be materialised as a dense (T, S) mask; "
             "flash computes them per tile"
         )
-    if _grouped_decoding(call):
-        return ("grouped-query decoding over a long cache: flash-decoding is faster (torch's "
-                "kernel runs each key head's group on one thread)")
     half = call.query.dtype in (torch.float16, torch.bfloat16)
     if half and call.query.device.type == "cpu" and not half_precision_units():
         # Measured (qkv/bench/suite.py, 2-core AVX2 CPU): torch's half-precision CPU backward
@@ -119,25 +115,6 @@ def prefer_not(call: AttentionCall) -> str | None:
         if call.T <= 16 and call.S <= 8192:
             return "torch's half-precision decoding on CPU is slower than flash's"
     return None
-
-
-# Measured (2-core AVX-512 CPU, 2 threads, T = 1, D = 64): with G = H / Hkv query heads a key
-# head, flash-decoding beats torch's kernel once G·S reaches about 12k keys: 1.55x at G = 3,
-# S = 4096; 1.56x at G = 4, S = 4096; 1.35x at G = 2, S = 16384; 2.0-2.5x at S = 16384 and
-# G >= 3. Below it (G = 2, S = 4096: 0.93x; G = 4, S = 1024: 1.0x) and without groups (MHA:
-# 0.74-1.10x) torch's kernel is as fast or faster.
-GROUPED_DECODE_KEYS = 12288
-
-
-def _grouped_decoding(call: AttentionCall) -> bool:
-    """Inference decoding (few queries, no dropout, no gradient) with grouped heads over a
-    cache long enough that flash-decoding wins (:data:`GROUPED_DECODE_KEYS`)."""
-    if call.T > DECODE_ROWS or call.groups < 2 or call.dropout_p > 0.0:
-        return False
-    if call.groups * call.S < GROUPED_DECODE_KEYS or call.query.device.type != "cpu":
-        return False
-    return not (torch.is_grad_enabled() and any(
-        t.requires_grad for t in (call.query, call.key, call.value)))
 
 
 @functools.cache
