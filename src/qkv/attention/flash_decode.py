@@ -10,12 +10,12 @@ as flash-decoding does (Dao, Haziza, Massa and Sizov, 2023)::
     M = max_j m_j        L = sum_j l_j exp(m_j - M)        out = sum_j o_j exp(m_j - M) / L
 
 **Split-S.** When there are fewer ``(batch, key head)`` pairs than threads to keep busy
-(``B·Hkv < 2·threads``: one sequence of a multi-query model, say), an unmasked call whose
-keys fit one block (``S <= DECODE_KEYS``) is cut into ``n`` splits of ``c`` keys, viewed as
-``(B, Hkv, n, c, D)`` without a copy, so one batched matmul hands every thread its own keys;
-the splits are partials like any other. (Longer caches are walked in blocks, each one
-matmul, which BLAS already spreads over the threads.) A call with a mask, ALiBi or a causal
-edge inside the block keeps ``n = 1`` and gets its mask parts per block from
+(``B·Hkv < 2·threads``: one sequence of a multi-query model, say), an unmasked call takes all
+its keys as one block (when its scores fit :data:`WHOLE_SCORES`) cut into ``n`` splits of
+``c`` keys, viewed as ``(B, Hkv, n, c, D)`` without a copy, so one batched matmul hands every
+thread its own keys; the splits are partials like any other. (Otherwise the keys are walked
+in blocks, each one matmul, which BLAS spreads over the threads.) A call with a mask, ALiBi
+or a causal edge inside the block keeps ``n = 1`` and gets its mask parts per block from
 :func:`qkv.attention.masks.apply_mask`, the one definition every backend shares.
 
 Grouped heads stay grouped: the ``G = H / Hkv`` query heads of a key head are ``G·T`` rows
@@ -33,9 +33,12 @@ from qkv.attention.call import AttentionCall
 from qkv.attention.flash_blocks import plan_blocks
 from qkv.attention.masks import apply_mask, exp_shifted_
 
-__all__ = ["MAX_SPLITS", "MIN_SPLIT_KEYS", "decode_forward", "splits"]
+__all__ = ["MAX_SPLITS", "MIN_SPLIT_KEYS", "WHOLE_SCORES", "decode_forward", "splits"]
 
 MIN_SPLIT_KEYS = 512  # a split shorter than this costs more in overhead than it saves
+# A call that splits takes all its keys as one block when its scores (B·H·T·S) fit in this
+# many elements (16 MiB of float32); its K and V are not copied (no upcast in this case).
+WHOLE_SCORES = 1 << 22
 MAX_SPLITS = 16
 
 
@@ -69,6 +72,10 @@ def decode_forward(
     B, Hkv = qs.shape[:2]
     H, T, S, Dv = call.query.shape[1], call.T, call.S, v.shape[-1]
     masked = call.mask is not None or call.alibi is not None
+    plain = not masked and call.causal is None
+    if plain and k.dtype == v.dtype == acc and B * H * T * S <= WHOLE_SCORES \
+            and splits(B * Hkv, S) > 1 and _mergeable(k, v, S):
+        bk = S  # few key heads: one block of every key, cut into splits for the threads
     parts = []
     for plan in plan_blocks(T, S, T, bk, call.causal, call.window)[0].tiles:
         j0, j1 = plan.j0, plan.j1
