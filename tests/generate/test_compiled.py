@@ -68,18 +68,20 @@ def test_sampling_with_static_cache_equals_dynamic():
     assert torch.equal(got, want)
 
 
-def test_failed_compile_warns_and_decodes_eagerly(monkeypatch):
-    model = _model()
+@pytest.mark.parametrize("kind", ["decoder", "seq2seq"])
+def test_failed_compile_warns_and_decodes_eagerly(kind, monkeypatch):
+    model, inputs = (_model(), PROMPTS) if kind == "decoder" else (_seq2seq(), SOURCES)
 
-    def broken(m):
+    def broken(*args):
         def fail(*args, **kwargs):
             raise RuntimeError("no C++ compiler found")
         return fail
 
     monkeypatch.setattr(compiled_mod, "compiled_step", broken)
-    want = greedy(model, PROMPTS, max_new_tokens=5, eos_id=None)
+    monkeypatch.setattr(compiled_mod, "compiled_method", broken)
+    want = greedy(model, inputs, max_new_tokens=5, eos_id=None)
     with pytest.warns(RuntimeWarning, match="needs a working C\\+\\+ compiler"):
-        got = greedy(model, PROMPTS, max_new_tokens=5, eos_id=None, compile=True)
+        got = greedy(model, inputs, max_new_tokens=5, eos_id=None, compile=True)
     assert torch.equal(got, want)
 
 
@@ -158,19 +160,22 @@ def test_compiled_seq2seq_greedy_equals_eager_and_compiles_once():
     assert graphs == 1, f"the decode step must compile once per bucket, got {graphs} graphs"
 
 
-def test_failed_seq2seq_compile_warns_and_decodes_eagerly(monkeypatch):
+def test_static_caches_of_encoder_decoders_refuse_bad_use():
+    from qkv.models.speech import SpeechSeq2Seq, SpeechSeq2SeqConfig
+
+    speech = SpeechSeq2Seq(SpeechSeq2SeqConfig(
+        vocab_size=50, n_mels=8, d_model=32, num_heads=4, num_encoder_layers=1,
+        num_decoder_layers=1, d_ff=64, max_source_len=16, max_len=40, pad_id=49, bos_id=47,
+        eos_id=49))  # fmt: skip
+    for model in (_seq2seq(), speech):
+        with pytest.raises(ValueError, match="needs batch_size and max_len"):
+            model.new_cache(static=True)
     model = _seq2seq()
-
-    def broken(m, name):
-        def fail(*args, **kwargs):
-            raise RuntimeError("no C++ compiler found")
-        return fail
-
-    monkeypatch.setattr(compiled_mod, "compiled_method", broken)
-    want = greedy(model, SOURCES, max_new_tokens=5, eos_id=None)
-    with pytest.warns(RuntimeWarning, match="needs a working C\\+\\+ compiler"):
-        got = greedy(model, SOURCES, max_new_tokens=5, eos_id=None, compile=True)
-    assert torch.equal(got, want)
+    cache = model.new_cache(8, static=True, batch_size=1)
+    memory = model.encode(torch.tensor([[5, 6, 7]]))
+    cache.set_slots(torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"slots \(2,\) must have one entry per new token"):
+        model.decode(torch.tensor([[1, 4, 5]]), memory, cache=cache)
 
 
 # --- decoding from encoded inputs (speech) -------------------------------------------------

@@ -336,7 +336,8 @@ def make_call(
         # Every query sees every key (one new token after a cache, is_causal="bottom-right"):
         # no causal mask, so backends take their unmasked paths; ALiBi keeps its distances.
         causal = None
-        alibi_offset = alibi_shift if alibi_shift != S - T else None
+        if alibi_slopes is not None and alibi_shift != S - T:
+            alibi_offset = alibi_shift
 
     return AttentionCall(
         query=q,
@@ -352,5 +353,5 @@ def make_call(
         batch_shape=batch_shape,
         squeeze_heads=squeeze_heads,
         need_lse=bool(need_lse),
-        alibi_offset=alibi_offset if alibi_slopes is not None else None,
+        alibi_offset=alibi_offset,
     )

@@ -72,18 +72,20 @@ def decode_forward(
     B, Hkv = qs.shape[:2]
     H, T, S, Dv = call.query.shape[1], call.T, call.S, v.shape[-1]
     masked = call.mask is not None or call.alibi is not None
-    plain = not masked and call.causal is None
-    if plain and k.dtype == v.dtype == acc and B * H * T * S <= WHOLE_SCORES \
-            and splits(B * Hkv, S) > 1 and _mergeable(k, v, S):
-        bk = S  # few key heads: one block of every key, cut into splits for the threads
+    # Splits only where (B, Hkv, n, c, D) views merge into one batch dimension: one block of
+    # every key of a contiguous K and V (a block of part of them, or keys that are a slice of
+    # a longer cache buffer, would make matmul copy K).
+    n_whole = 1
+    if not masked and call.causal is None and k.dtype == v.dtype == acc \
+            and B * H * T * S <= WHOLE_SCORES and _mergeable(k, v, S):
+        n_whole = splits(B * Hkv, S)
+        if n_whole > 1:
+            bk = S  # few key heads: one block of every key, cut into splits for the threads
     parts = []
     for plan in plan_blocks(T, S, T, bk, call.causal, call.window)[0].tiles:
         j0, j1 = plan.j0, plan.j1
         plain = not (masked or plan.partial)
-        # Splits only where (B, Hkv, n, c, D) views merge into one batch dimension: a block
-        # spanning every key of a contiguous K and V (a block of part of them, or keys that
-        # are a slice of a longer cache buffer, would make matmul copy K).
-        n = splits(B * Hkv, j1 - j0) if plain and _mergeable(k, v, j1 - j0) else 1
+        n = n_whole if plain and j1 - j0 == S else 1
         main = j0 + (j1 - j0) // n * n  # keys [j0, main) split n ways, [main, j1) the rest
         parts.append(_partial(call, qs, k, v, j0, main, n, None if plain else plan, acc))
         if main < j1:
@@ -127,7 +129,7 @@ def _mergeable(k: Tensor, v: Tensor, keys: int) -> bool:
 def _finite(m: Tensor) -> Tensor:
     """Row maxima with ``-inf`` (a row that saw no key) raised to the dtype's lowest finite
     value: ``exp(s - m)`` is then an exact 0 there instead of ``exp(-inf + inf) = NaN``.
-    One op (``safe_row_max`` is two); NaN stays NaN."""
+    One op (``safe_row_max`` is two; this runs on every decoding step); NaN stays NaN."""
     return m.clamp_min(torch.finfo(m.dtype).min)
 
 

@@ -42,14 +42,70 @@ SOURCE_BUCKET = 64  # encoder-decoders: sources padded to a multiple of this
 def compiled_step(model: nn.Module) -> Any:
     """``torch.compile(model, fullgraph=True, dynamic=False)``, made once per model (held in a
     plain attribute, not a submodule, so ``state_dict`` and ``repr`` do not change)."""
-    step = model.__dict__.get("_qkv_compiled_step")
+    return _compiled_once(model, "_qkv_compiled_step", model)
+
+
+def compiled_method(model: nn.Module, name: str) -> Any:
+    """``torch.compile(getattr(model, name), fullgraph=True, dynamic=False)``, made once per
+    model and method (kept out of the module's attributes, as :func:`compiled_step`)."""
+    return _compiled_once(model, f"_qkv_compiled_{name}", getattr(model, name))
+
+
+def _compiled_once(model: nn.Module, key: str, fn: Any) -> Any:
+    step = model.__dict__.get(key)
     if step is None:
-        step = torch.compile(model, fullgraph=True, dynamic=False)
-        object.__setattr__(model, "_qkv_compiled_step", step)
+        step = torch.compile(fn, fullgraph=True, dynamic=False)
+        object.__setattr__(model, key, step)
     return step
 
 
-class StaticDecoderSession(DecoderSession):
+def _bucketed(n: int, size: int = BUCKET) -> int:
+    """``n`` rounded up to a multiple of ``size``: every length in a bucket shares one graph."""
+    return -(-n // size) * size
+
+
+class _CompiledSteps:
+    """What the static sessions share: a step that runs compiled (timing its first call as
+    ``compile_seconds``) or eagerly, falls back to eager with one warning when compiling
+    fails, and refuses beam search (a static cache has a fixed batch)."""
+
+    compiled: bool
+    compile_seconds: float | None
+
+    def _init_steps(self, compile: bool, eager: Any, make_compiled: Any) -> None:
+        self.compiled, self.compile_seconds = bool(compile), None
+        self._eager = eager
+        self.step_fn = make_compiled() if compile else eager
+
+    def _step(self, *args: Any, **kwargs: Any) -> Tensor:
+        if not self.compiled or self.compile_seconds is not None:
+            return self.step_fn(*args, **kwargs)
+        start = time.perf_counter()
+        try:
+            out = self.step_fn(*args, **kwargs)
+        except Exception as err:  # inductor: no C++ compiler, or an unsupported platform
+            warnings.warn(
+                f"torch.compile could not compile the decoding step ({type(err).__name__}: "
+                f"{str(err).splitlines()[0][:200] if str(err) else ''}); it needs a working "
+                "C++ compiler (g++ or clang). Decoding eagerly instead (same tokens).",
+                RuntimeWarning, stacklevel=4,
+            )
+            self.compiled, self.step_fn = False, self._eager
+            return self.step_fn(*args, **kwargs)
+        self.compile_seconds = time.perf_counter() - start
+        return out
+
+    def select(self, rows: Tensor) -> None:
+        """Beam search reorders rows; a static cache has a fixed batch.
+
+        Raises:
+            ValueError: always (use ``compile=False`` with beam search).
+        """
+        raise ValueError("compiled decoding (a static cache) does not support beam search; "
+                         "use compile=False with beam_size")  # fmt: skip
+
+
+class StaticDecoderSession(_CompiledSteps, DecoderSession):
     """A :class:`DecoderSession` on a static cache, with its steps compiled (``compile``) or
     eager.
 
@@ -72,9 +128,9 @@ class StaticDecoderSession(DecoderSession):
         P = self.ids.shape[1]
         # Capacity rounded up to a multiple of BUCKET: prompts of other lengths reuse the
         # compiled step (unwritten slots are masked, so the extra room changes nothing).
-        L = -(-(P + max_new_tokens) // BUCKET) * BUCKET
+        L = _bucketed(P + max_new_tokens)
         self.cache = model.new_cache(self.batch, L, static=True)
-        self.capacity, self.compiled, self.compile_seconds = L, bool(compile), None
+        self.capacity = L
         if self.mask is not None:
             full = torch.zeros((self.batch, L), dtype=torch.bool, device=self.ids.device)
             full[:, :P] = self.mask  # (B, L): later slots are real tokens once written
@@ -82,7 +138,7 @@ class StaticDecoderSession(DecoderSession):
             self.mask = full
         self.slot = torch.full((1,), P, dtype=torch.long, device=self.ids.device)  # (1,)
         self.written = P  # slots filled, known on the host (no read of ``slot``)
-        self.step_fn = compiled_step(model) if compile else model
+        self._init_steps(compile, model, lambda: compiled_step(model))
 
     def first(self) -> Tensor:
         """Run the prompts (eagerly); returns ``(B, V)`` logits of the first new token."""
@@ -100,38 +156,15 @@ class StaticDecoderSession(DecoderSession):
         if self.written >= self.capacity:
             raise ValueError(f"the static cache is full ({self.capacity} slots)")
         positions = self.slot if self.mask is None else self.next_pos
-        logits = self._run(tokens[:, None], positions)  # (B, 1, V)
+        logits = self._step(tokens[:, None], attention_mask=self.mask, cache=self.cache,
+                            positions=positions)  # (B, 1, V)  # fmt: skip
         self.slot.add_(1)
         self.next_pos.add_(1)
         self.written += 1
         return logits[:, -1].float()  # (B, V)
 
-    def _run(self, tokens: Tensor, positions: Tensor) -> Tensor:
-        if not self.compiled or self.compile_seconds is not None:
-            return self.step_fn(tokens, attention_mask=self.mask, cache=self.cache,
-                                positions=positions)  # fmt: skip
-        start = time.perf_counter()
-        try:
-            logits = self.step_fn(tokens, attention_mask=self.mask, cache=self.cache,
-                                  positions=positions)  # fmt: skip
-        except Exception as err:  # inductor: no C++ compiler, or an unsupported platform
-            _warn_eager(err)
-            self.compiled, self.step_fn = False, self.model
-            return self._run(tokens, positions)
-        self.compile_seconds = time.perf_counter() - start
-        return logits
 
-    def select(self, rows: Tensor) -> None:
-        """Beam search reorders rows; a static cache has a fixed batch.
-
-        Raises:
-            ValueError: always (use ``compile=False`` with beam search).
-        """
-        raise ValueError("compiled decoding (a static cache) does not support beam search; "
-                         "use compile=False with beam_size")  # fmt: skip
-
-
-class StaticSeq2SeqSession(Seq2SeqSession):
+class StaticSeq2SeqSession(_CompiledSteps, Seq2SeqSession):
     """A :class:`~qkv.generate.session.Seq2SeqSession` on a static cache, its steps after the
     first compiled (``compile``) or eager.
 
@@ -151,61 +184,33 @@ class StaticSeq2SeqSession(Seq2SeqSession):
     def __init__(self, model: nn.Module, sources: Inputs, max_new_tokens: int, pad_id: int,
                  bos_id: Any, *, compile: bool = True) -> None:  # fmt: skip
         super().__init__(model, sources, max_new_tokens, pad_id, bos_id)
-        S = self.memory.shape[1]
-        S_pad = -(-S // SOURCE_BUCKET) * SOURCE_BUCKET
+        B, S, E = self.memory.shape
+        S_pad = _bucketed(S, SOURCE_BUCKET)
         if S_pad != S:  # pad the memory and its mask: the padded keys are never seen
-            B, E = self.memory.shape[0], self.memory.shape[2]
             pad = self.memory.new_zeros(B, S_pad - S, E)
             self.memory = torch.cat([self.memory, pad], dim=1)  # (B, S_pad, E)
             hidden = torch.zeros(B, 1, 1, S_pad - S, dtype=torch.bool,
                                  device=self.src_mask.device)  # fmt: skip
             self.src_mask = torch.cat([self.src_mask, hidden], dim=-1)  # (B, 1, 1, S_pad)
-        L = -(-(max_new_tokens + 1) // BUCKET) * BUCKET
-        self.cache = model.new_cache(L, static=True, batch_size=self.batch)
-        self.capacity, self.written = L, 0
+        self.capacity, self.written = _bucketed(max_new_tokens + 1), 0
+        self.cache = model.new_cache(self.capacity, static=True, batch_size=self.batch)
         self.slot = torch.zeros(1, dtype=torch.long, device=self.memory.device)  # (1,)
         self.cache.set_slots(self.slot)
-        self.compiled, self.compile_seconds = bool(compile), None
-        self.step_fn = compiled_method(model, "decode") if compile else model.decode
+        self._init_steps(compile, model.decode, lambda: compiled_method(model, "decode"))
 
     def next(self, tokens: Tensor) -> Tensor:
         """Feed ``tokens (B,)`` at the next slot; returns ``(B, V)`` logits."""
         if self.written >= self.capacity:
             raise ValueError(f"the static cache is full ({self.capacity} slots)")
-        if self.written == 0:  # BOS, eagerly: stores the cross-attention keys and values
-            logits = self.model.decode(tokens[:, None], self.memory, self.src_mask,
-                                       cache=self.cache)  # (B, 1, V)  # fmt: skip
-        else:
-            logits = self._run(tokens[:, None])
+        # BOS runs eagerly: it stores the cross-attention keys and values.
+        step = self.model.decode if self.written == 0 else self._step
+        logits = step(tokens[:, None], self.memory, self.src_mask, cache=self.cache)
         self.slot.add_(1)
         self.written += 1
         return logits[:, -1].float()  # (B, V)
 
-    def _run(self, tokens: Tensor) -> Tensor:
-        args = (tokens, self.memory, self.src_mask)
-        if not self.compiled or self.compile_seconds is not None:
-            return self.step_fn(*args, cache=self.cache)
-        start = time.perf_counter()
-        try:
-            logits = self.step_fn(*args, cache=self.cache)
-        except Exception as err:  # inductor: no C++ compiler, or an unsupported platform
-            _warn_eager(err)
-            self.compiled, self.step_fn = False, self.model.decode
-            return self._run(tokens)
-        self.compile_seconds = time.perf_counter() - start
-        return logits
 
-    def select(self, rows: Tensor) -> None:
-        """Beam search reorders rows; a static cache has a fixed batch.
-
-        Raises:
-            ValueError: always (use ``compile=False`` with beam search).
-        """
-        raise ValueError("compiled decoding (a static cache) does not support beam search; "
-                         "use compile=False with beam_size")  # fmt: skip
-
-
-class StaticMemorySession(MemorySession):
+class StaticMemorySession(_CompiledSteps, MemorySession):
     """A :class:`~qkv.generate.session.MemorySession` (decoding from encoded inputs with a
     forced prompt, e.g. Whisper) on a static cache, its steps after the prompt compiled.
 
@@ -222,12 +227,10 @@ class StaticMemorySession(MemorySession):
                  compile: bool = True) -> None:  # fmt: skip
         super().__init__(model, inputs, max_new_tokens)
         P = self.prompts.shape[1]
-        L = -(-(P + max_new_tokens) // BUCKET) * BUCKET
-        self.cache = model.new_cache(L, static=True, batch_size=self.batch)
-        self.capacity, self.written = L, 0
+        self.capacity, self.written = _bucketed(P + max_new_tokens), 0
+        self.cache = model.new_cache(self.capacity, static=True, batch_size=self.batch)
         self.slot = torch.full((1,), P, dtype=torch.long, device=self.prompts.device)  # (1,)
-        self.compiled, self.compile_seconds = bool(compile), None
-        self.step_fn = compiled_method(model, "decode") if compile else model.decode
+        self._init_steps(compile, model.decode, lambda: compiled_method(model, "decode"))
 
     def _logits(self, tokens: Tensor) -> Tensor:
         T = tokens.shape[1]
@@ -238,55 +241,12 @@ class StaticMemorySession(MemorySession):
             out = self.model.decode(tokens, self.memory, self.memory_mask, cache=self.cache)
             self.cache.set_slots(self.slot)
         else:
-            out = self._run(tokens)
+            out = self._step(tokens, self.memory, self.memory_mask, cache=self.cache)
             self.slot.add_(1)
         self.written += T
         logits = out[:, -1].float()  # (B, V)
         logits[:, self.suppress] = float("-inf")
         return logits
-
-    def _run(self, tokens: Tensor) -> Tensor:
-        args = (tokens, self.memory, self.memory_mask)
-        if not self.compiled or self.compile_seconds is not None:
-            return self.step_fn(*args, cache=self.cache)
-        start = time.perf_counter()
-        try:
-            out = self.step_fn(*args, cache=self.cache)
-        except Exception as err:  # inductor: no C++ compiler, or an unsupported platform
-            _warn_eager(err)
-            self.compiled, self.step_fn = False, self.model.decode
-            return self._run(tokens)
-        self.compile_seconds = time.perf_counter() - start
-        return out
-
-    def select(self, rows: Tensor) -> None:
-        """Beam search reorders rows; a static cache has a fixed batch.
-
-        Raises:
-            ValueError: always (use ``compile=False`` with beam search).
-        """
-        raise ValueError("compiled decoding (a static cache) does not support beam search; "
-                         "use compile=False with beam_size")  # fmt: skip
-
-
-def compiled_method(model: nn.Module, name: str) -> Any:
-    """``torch.compile(getattr(model, name), fullgraph=True, dynamic=False)``, made once per
-    model and method (kept out of the module's attributes, as :func:`compiled_step`)."""
-    key = f"_qkv_compiled_{name}"
-    step = model.__dict__.get(key)
-    if step is None:
-        step = torch.compile(getattr(model, name), fullgraph=True, dynamic=False)
-        object.__setattr__(model, key, step)
-    return step
-
-
-def _warn_eager(err: Exception) -> None:
-    warnings.warn(
-        f"torch.compile could not compile the decoding step ({type(err).__name__}: "
-        f"{str(err).splitlines()[0][:200] if str(err) else ''}); it needs a working "
-        "C++ compiler (g++ or clang). Decoding eagerly instead (same tokens).",
-        RuntimeWarning, stacklevel=4,
-    )
 
 
 def open_session(model: nn.Module, inputs: Inputs | EncodedInputs, max_new_tokens: int, *,

@@ -47,6 +47,7 @@ from qkv.models.parts import (
     check_positions,
     init_gpt_style,
     make_positions,
+    new_static_cache,
     packed_inputs,
     padding_keep_mask,
 )
@@ -333,20 +334,15 @@ class DecoderLM(ModelBase):
         if not static:
             windows = c.windows if rolling else None
             return KVCache(c.num_layers, max_len=max_len, windows=windows)
-        if batch_size is None or max_len is None:
-            raise ValueError("a static cache needs batch_size and max_len (its fixed shape)")
         if any(w is not None for w in c.windows) or c.positions in ("alibi", "relative"):
             raise ValueError(
                 f"a static cache does not support sliding windows, ALiBi or relative biases "
                 f"(this model: windows {c.windows}, positions={c.positions!r}); use "
                 "new_cache() (static=False)"
             )
-        weight = self.embed.weight
-        return StaticKVCache(
-            c.num_layers, batch_size, max_len, c.num_kv_heads or c.num_heads, c.head_dim,
-            dtype=weight.dtype if dtype is None else dtype,
-            device=weight.device if device is None else device,
-        )
+        return new_static_cache(c.num_layers, batch_size, max_len, c.num_kv_heads or c.num_heads,
+                                c.head_dim, self.embed.weight, dtype=dtype,
+                                device=device)  # fmt: skip
 
     def forward(
         self,

@@ -400,3 +400,23 @@ class ModelBase(nn.Module):
 
     def extra_repr(self) -> str:
         return f"config: {self.config.summary()}\nparameters: {self.num_parameters():,}"
+
+
+def new_static_cache(num_layers: int, batch_size: int | None, max_len: int | None,
+                     num_kv_heads: int, d_head: int, like: Tensor, *,
+                     dtype: torch.dtype | None = None,
+                     device: torch.device | str | None = None) -> StaticKVCache:  # fmt: skip
+    """A :class:`~qkv.nn.static_cache.StaticKVCache` for a model's ``new_cache(static=True)``:
+    ``batch_size`` rows and ``max_len`` slots, in ``like``'s dtype and device unless given.
+
+    Raises:
+        ValueError: ``batch_size`` or ``max_len`` missing (a static cache has a fixed shape),
+            or not positive ints.
+    """
+    if batch_size is None or max_len is None:
+        raise ValueError("a static cache needs batch_size and max_len (its fixed shape)")
+    return StaticKVCache(
+        num_layers, batch_size, max_len, num_kv_heads, d_head,
+        dtype=like.dtype if dtype is None else dtype,
+        device=like.device if device is None else device,
+    )

@@ -37,6 +37,7 @@ from qkv.models.parts import (
     check_length,
     check_memory,
     init_xavier,
+    new_static_cache,
 )
 from qkv.models.seq2seq_config import Seq2SeqConfig
 from qkv.models.seq2seq_positions import stack_positions
@@ -124,17 +125,13 @@ class Seq2SeqTransformer(ModelBase):
         c = self.config
         if not static:
             return KVCache(c.num_decoder_layers, max_len=max_len)
-        if batch_size is None or max_len is None:
-            raise ValueError("a static cache needs batch_size and max_len (its fixed shape)")
         if self.tgt_rel_bias is not None or c.positions == "alibi":
             raise ValueError(
                 f"a static cache does not support ALiBi or relative position biases (this "
                 f"model: positions={c.positions!r}); use new_cache() (static=False)"
             )
-        weight = self.lm_head.weight
-        return StaticKVCache(c.num_decoder_layers, batch_size, max_len, c.num_heads,
-                             c.head_width, dtype=weight.dtype,
-                             device=weight.device)  # fmt: skip
+        return new_static_cache(c.num_decoder_layers, batch_size, max_len, c.num_heads,
+                                c.head_width, self.lm_head.weight)
 
     def _device(self) -> torch.device:
         return self.lm_head.weight.device

@@ -28,7 +28,14 @@ from torch import Tensor, nn
 
 from qkv.checks import values_unknown
 from qkv.models.config import ConfigBase
-from qkv.models.parts import ModelBase, check_cache, check_ids, check_length, check_memory
+from qkv.models.parts import (
+    ModelBase,
+    check_cache,
+    check_ids,
+    check_length,
+    check_memory,
+    new_static_cache,
+)
 from qkv.nn.block import TransformerBlock
 from qkv.nn.cache import KVCache
 from qkv.nn.feedforward import ACTIVATIONS as FFN_ACTIVATIONS
@@ -179,12 +186,8 @@ class SpeechSeq2Seq(ModelBase):
         c = self.config
         if not static:
             return KVCache(c.num_decoder_layers, max_len=max_len)
-        if batch_size is None or max_len is None:
-            raise ValueError("a static cache needs batch_size and max_len (its fixed shape)")
-        weight = self.lm_head.weight
-        return StaticKVCache(c.num_decoder_layers, batch_size, max_len, c.num_heads,
-                             c.d_model // c.num_heads, dtype=weight.dtype,
-                             device=weight.device)  # fmt: skip
+        return new_static_cache(c.num_decoder_layers, batch_size, max_len, c.num_heads,
+                                c.d_model // c.num_heads, self.lm_head.weight)
 
     def _check_features(self, features: object) -> Tensor:
         c = self.config

@@ -82,8 +82,7 @@ def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     if not call.need_weights and call.T <= DECODE_ROWS and call.dropout_p == 0.0 \
             and not _needs_grad(call):
         # Inference decoding wants no lse: a few small ops fewer on every token.
-        spec = _spec(call, None, None)
-        out = _decode(call.query, call.key, call.value, call.mask, call.alibi, spec, lse=False)[0]
+        out = _decode_call(call, _spec(call, None, None).bk, lse=False)[0]
         return poison_rows(out, call.query), None
     out, lse = attend(call)
     out = poison_rows(out, call.query)
@@ -298,16 +297,19 @@ def _forward(q, k, v, mask, alibi, keep, spec: _Spec):
     return out, lse
 
 
-def _decode(q, k, v, mask, alibi, spec: _Spec, *, lse: bool = True):
-    """Few queries (:mod:`qkv.attention.flash_decode`): key blocks merged by log-sum-exp;
-    ``lse=False`` returns ``None`` for the lse."""
+def _decode(q, k, v, mask, alibi, spec: _Spec):
+    """Few queries (:mod:`qkv.attention.flash_decode`): key blocks merged by log-sum-exp."""
+    return _decode_call(_tile_call(q, k, v, mask, alibi, spec), spec.bk, lse=True)
+
+
+def _decode_call(call: AttentionCall, bk: int, *, lse: bool):
+    """:func:`_decode` on a call record; ``lse=False`` returns ``None`` for the lse."""
+    q, k, v = call.query, call.key, call.value
     B, H, T, D = q.shape
-    Hkv = k.shape[1]
-    acc = _acc_dtype(q.dtype)
-    qs = (q.to(acc) * spec.scale).reshape(B, Hkv, H // Hkv * T, D)  # (B, Hkv, G·T, D)
-    call = _tile_call(q, k, v, mask, alibi, spec)
+    Hkv, acc = k.shape[1], _acc_dtype(q.dtype)
+    qs = (q.to(acc) * call.scale).reshape(B, Hkv, H // Hkv * T, D)  # (B, Hkv, G·T, D)
     lse_dtype = _lse_dtype(q.dtype) if lse else None
-    out, lse_ = decode_forward(call, qs, k, v, spec.bk, acc, lse_dtype)
+    out, lse_ = decode_forward(call, qs, k, v, bk, acc, lse_dtype)
     return out.to(q.dtype), lse_
 
 
