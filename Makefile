@@ -7,13 +7,34 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test fuzz lint bench clean browser speech
+.PHONY: demo test test-avx2 fuzz lint bench clean browser speech
 
 demo: $(VENV)/.stamp-demo
 	$(BIN)/qkv demo
 
+# torch.compile's kernel cache is kept per instruction set: a cache written under one (or under
+# ATEN_CPU_CAPABILITY=avx2) is loaded under the other without a rebuild and crashes or computes
+# garbage (seen with torch 2.13: "free(): invalid next size", wrong greedy tokens).
+CAPABILITY = $$($(BIN)/python -c "import torch; print(torch.backends.cpu.get_cpu_capability())")
+
 test: $(VENV)/.stamp-test browser speech
-	$(BIN)/python -m pytest -n 2 -q
+	TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-$(CAPABILITY) $(BIN)/python -m pytest -n 2 -q
+	@$(MAKE) --no-print-directory test-avx2
+
+# The numerics-sensitive tests again on torch's AVX2 kernels, so that an AVX-512 machine also
+# tests what an AVX2 one runs: ATEN_CPU_CAPABILITY picks ATen's kernels (elementwise,
+# reductions, softmax, the CPU flash kernel) and inductor's vector width; MKL and oneDNN choose
+# their own, hence their variables. On an AVX2 machine the first pass already was this one.
+NUMERIC_TESTS = tests/attention tests/nn tests/models tests/generate tests/pretrained
+test-avx2: $(VENV)/.stamp-test
+	@if [ "$(CAPABILITY)" = "AVX2" ]; then \
+	  echo "this CPU's kernels are AVX2: the first pass tested them"; \
+	else \
+	  echo "again on AVX2 kernels (this CPU: $(CAPABILITY)): $(NUMERIC_TESTS)"; \
+	  ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
+	  TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-avx2 \
+	  $(BIN)/python -m pytest -n 2 -q -p no:cacheprovider $(NUMERIC_TESTS); \
+	fi
 
 # Thousands of hostile files (random bytes, truncations, bit flips, hostile JSON values) through
 # every file reader; `make test` runs a few hundred of the same examples (tests/fuzz).

@@ -26,7 +26,7 @@ from qkv.train.spec import DATA_FILE, DataSpec
 __all__ = ["GOAL", "attention_pictures", "command", "token_labels"]
 
 NAME = "demo"
-GOAL = 0.99  # the test exact match the full demo promises
+GOAL = 0.995  # the test exact match the full demo promises
 
 
 def token_labels(tok: CharTokenizer, ids: Sequence[int]) -> list[str]:
@@ -96,8 +96,8 @@ def command(
         "(files of an earlier demo there are replaced).",
     )] = Path("runs/demo"),
     quick: Annotated[bool, typer.Option(
-        "--quick", help="A much smaller budget (~20 s in all); it shows every step but does "
-        "not reach 99%.",
+        "--quick", help="A much smaller budget (320 small steps, ~20 s in all); it shows every "
+        "step but does not reach 99%.",
     )] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seeds the data, weights and order.")] = 0,
     threads: Annotated[int | None, typer.Option(
@@ -108,7 +108,8 @@ def command(
     """Train a transformer from scratch to normalise dates, use it, and draw its attention.
 
     A Seq2SeqTransformer learns to write "tuesday 3rd of march 2015" or "3/3/15" as 2015-03-03.
-    It trains on this CPU for at most 3 minutes, until 99% of held-out dates come out exact.
+    It trains a fixed 1,000 steps on this CPU (a minute or two), and gets 99.5% or more of
+    held-out dates exactly right, the same on any machine.
     Then it translates dates it never saw and draws its cross-attention for each of them.
     --out receives the checkpoint, loss curve, alignment PNGs and the interactive viewer.
 
@@ -137,8 +138,8 @@ def command(
         f"data: {recipe.n_train:,} training pairs in {len(DATE_FORMATS)} formats × "
         f"{len(CASES)} letter cases, "
         f"{recipe.n_valid:,} validation, {recipe.n_test:,} test (all sources distinct)\n"
-        f"training stops at {recipe.target:.1%} validation exact match, or after "
-        f"{recipe.time_budget:.0f} s"
+        f"training: {recipe.train.steps:,} steps of {recipe.train.batch_size} pairs, "
+        f"seed {recipe.seed} (the same result on any machine; only the time differs)"
     )
     run = train_dates(recipe)
     texts = [t for t, _ in DEMO_DATES]
@@ -152,7 +153,8 @@ def _report(console, run, outputs, pictures, viewer, out: Path, quick: bool,
     from qkv.train.recipes import DEMO_DATES
 
     r, c = run.result, run.model.config
-    why = {"target": "validation target reached", "time": "time budget used"}.get(
+    why = {"target": "validation target reached",
+           "time": "stopped by the safety time cap: the result is not the recipe's"}.get(
         run.stop.reason, "all steps run")  # fmt: skip
     console.print(
         f"model: Seq2SeqTransformer, {c.num_encoder_layers}+{c.num_decoder_layers} layers, "
@@ -164,8 +166,8 @@ def _report(console, run, outputs, pictures, viewer, out: Path, quick: bool,
     console.print(f"[bold]test exact match: {em:.1%}[/bold] ({round(em * n):,} of {n:,} "
                   "held-out dates exactly right)")  # fmt: skip
     if em < GOAL and not quick:
-        console.print(f"below the {GOAL:.0%} goal: training ran out of time on a machine "
-                      "slower or busier than the recipe expects")  # fmt: skip
+        console.print(f"below the {GOAL:.1%} the recipe reaches with every seed measured: "
+                      "a bug, please report it")  # fmt: skip
     console.print("\n[bold]dates it never saw[/bold]")
     seen = {s for s, _ in run.task.train}
     width = max(len(t) for t, _ in DEMO_DATES)

@@ -8,14 +8,13 @@ rewrite dates written fifteen ways in three letter cases (``"tuesday 3rd of marc
     recipe = date_recipe(run_dir="runs/demo")  # or date_recipe(quick=True)
     torch.set_num_threads(recipe.threads)
     run = train_dates(recipe)
-    run.test_metrics["exact_match"]           # >= 0.99 with the full recipe
+    run.test_metrics["exact_match"]           # >= 0.995 with the full recipe
     run.translate(["MAR 3, 2015"])            # ["2015-03-03"]
 
-Training stops as soon as the validation exact match reaches ``recipe.target`` (checked
-every ``eval_every`` steps), or when ``recipe.time_budget`` seconds have passed, or after
-``train.steps`` steps, whichever comes first (:class:`StopWhen`). The learning-rate schedule
-is a cosine over ``train.steps``, sized so that a busy two-core machine reaches the target in
-about half the budget; on a slower machine still, the time budget ends the run.
+Training runs a fixed, seeded budget of ``train.steps`` steps (a cosine learning-rate
+schedule over them), so the result is the same on a fast machine, a slow one and a busy one:
+how long it takes depends on the machine, what it reaches does not. ``recipe.time_budget`` is
+only a safety cap, far above what a two-core machine needs; a run that hits it says so.
 """
 
 from __future__ import annotations
@@ -115,8 +114,10 @@ class DateRecipe:
         n_train, n_valid, n_test: pairs per split (disjoint sources).
         model: :class:`~qkv.models.Seq2SeqConfig` fields other than the vocabulary sizes.
         train: the :class:`TrainConfig` (``metric="exact_match"``, ``eval_every`` set).
-        target: validation exact match that ends training early.
-        time_budget: seconds of training at most (evaluations included).
+        target: validation exact match that ends training early (None: every step runs).
+        time_budget: a safety cap on the seconds of training (evaluations included); the
+            recipes set it far above what a two-core machine needs, so it never decides the
+            result.
         threads: torch CPU threads to train with (``torch.set_num_threads``; the caller sets
             it). One, not torch's default of one per core: this model is small (240k
             parameters), so a second thread gains at most ~1.4x on an idle machine, while
@@ -130,7 +131,7 @@ class DateRecipe:
     n_test: int
     model: dict[str, Any]
     train: TrainConfig
-    target: float
+    target: float | None
     time_budget: float
     threads: int | None = 1
 
@@ -141,10 +142,10 @@ def date_recipe(quick: bool = False, *, seed: int = 0, run_dir: str | os.PathLik
 
     Full: 30,000 training pairs, a 2+2-layer pre-norm model (d_model 64, 4 heads, RoPE,
     240k parameters), AdamW at 2e-3 with 100 warm-up steps and a cosine over 1,000 steps of
-    128 pairs, label smoothing 0.1; evaluated on 1,000 validation pairs every 100 steps, it
-    stops at 99.5% validation exact match (measured: steps 700-800, ~70-80 s on one thread of
-    a shared two-core machine, >= 99.9% test exact match) or after 150 s. Quick: 12 s of
-    training in batches of 32; it shows every step of the demo but does not reach 99%.
+    128 pairs, label smoothing 0.1, evaluated on 1,000 validation pairs every 250 steps (the
+    best evaluation's weights are kept). Every step runs: the result depends on the seed, not
+    on the machine's speed or load. Quick: 320 steps in batches of 32; it shows every step of
+    the demo but does not reach 99%.
 
     Args:
         quick: the small budget.
@@ -165,13 +166,20 @@ def date_recipe(quick: bool = False, *, seed: int = 0, run_dir: str | os.PathLik
                   metric="exact_match", label_smoothing=0.1, seed=seed, log_every=100,
                   progress=progress, run_dir=None if run_dir is None else str(run_dir))  # fmt: skip
     if quick:
-        # Small batches: more updates in the few seconds there are (~300 steps, ~70% exact).
+        # Small batches: more updates in the few seconds there are.
         train = TrainConfig(steps=320, eval_every=50, eval_examples=200,
                             **{**common, "batch_size": 32, "lr": 3e-3, "warmup": 20,
                                "log_every": 50})  # fmt: skip
-        return DateRecipe(seed, 10_000, 200, 200, model, train, target=0.995, time_budget=12.0)
-    train = TrainConfig(steps=1000, eval_every=100, eval_examples=1000, **common)
-    return DateRecipe(seed, 30_000, 1000, 1000, model, train, target=0.995, time_budget=150.0)
+        return DateRecipe(seed, 10_000, 200, 200, model, train, target=None,
+                          time_budget=SAFETY_SECONDS)  # fmt: skip
+    train = TrainConfig(steps=1000, eval_every=250, eval_examples=1000, **common)
+    return DateRecipe(seed, 30_000, 1000, 1000, model, train, target=None,
+                      time_budget=SAFETY_SECONDS)  # fmt: skip
+
+
+# The recipes' time cap: a safety against a machine far slower than any two-core machine
+# measured (the full recipe takes minutes there), never the thing that ends a normal run.
+SAFETY_SECONDS = 1800.0
 
 
 @dataclass
