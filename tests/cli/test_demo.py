@@ -38,10 +38,10 @@ def quick(tmp_path_factory):
 # ---------------------------------------------------------------- qkv demo --quick
 
 
-def test_quick_demo_runs_end_to_end_in_under_40_seconds(quick):
-    result, out, seconds = quick
+def test_quick_demo_runs_end_to_end(quick):
+    result, out, _ = quick
     assert result.exit_code == 0, result.output
-    assert seconds < 40, f"qkv demo --quick took {seconds:.1f} s"
+    assert "trained 320 steps" in result.stdout and "all steps run" in result.stdout, result.stdout
     lines = [ln for ln in result.stdout.splitlines() if "exact match" in ln]
     assert any(re.search(r"test exact match: \d{1,3}\.\d%", ln) for ln in lines), lines
     assert f"output folder: {out}" in result.stdout
@@ -115,9 +115,12 @@ def test_demo_dates_are_not_in_the_training_split(quick_mode):
 
 def test_recipes_full_and_quick():
     full, small = date_recipe(), date_recipe(quick=True, seed=3, run_dir="x", progress=False)
-    assert isinstance(full, DateRecipe) and full.time_budget == 150.0 and full.target >= 0.99
+    # A fixed budget of steps decides the result; the time cap is only a safety.
+    assert isinstance(full, DateRecipe) and full.target is None and small.target is None
+    assert full.train.steps == 1000 and small.train.steps == 320
+    assert full.time_budget >= 600 and small.time_budget >= 60
     assert full.train.metric == "exact_match" and full.train.eval_every is not None
-    assert small.time_budget < 40 and small.n_train < full.n_train
+    assert small.n_train < full.n_train
     assert small.seed == 3 and small.train.seed == 3 and small.train.run_dir == "x"
     assert small.train.progress is False
     Seq2SeqConfig(10, 10, **full.model)  # the model fields are valid
@@ -170,3 +173,26 @@ def test_attention_pictures_one_png_per_text_and_a_viewer(tmp_path):
     assert viewer == tmp_path / "viewer.html" and "3-4-5" in viewer.read_text(encoding="utf-8")
     none, no_viewer = attention_pictures(model, tok, tok, ["1"], tmp_path / "b", viewer=None)
     assert len(none) == 1 and no_viewer is None
+
+
+def test_the_recipe_s_result_depends_on_the_seed_not_the_machine_s_speed():
+    """Two runs of a small fixed budget (one while the other tests load the machine) end
+    with bit-identical weights and metrics: no wall-clock time decides anything."""
+    from dataclasses import replace
+
+    from qkv.train.recipes import train_dates
+
+    base = date_recipe(quick=True, seed=5, progress=False)
+    recipe = replace(base, n_train=2000, n_valid=50, n_test=50,
+                     train=replace(base.train, steps=30, eval_every=15, eval_examples=50))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(recipe.threads)
+    try:
+        runs = [train_dates(recipe) for _ in range(2)]
+    finally:
+        torch.set_num_threads(threads)
+    assert runs[0].result.steps == runs[1].result.steps == 30
+    assert runs[0].test_metrics == runs[1].test_metrics, [r.test_metrics for r in runs]
+    for (name, a), b in zip(runs[0].model.state_dict().items(),
+                            runs[1].model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), f"{name} differs between two runs of one seed"

@@ -80,7 +80,7 @@ def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     a row that sees no key, or whose scores are all ``-inf``, would otherwise give zeros).
     """
     if not call.need_weights and call.T <= DECODE_ROWS and call.dropout_p == 0.0 \
-            and not _needs_grad(call):
+            and not _needs_grad(call) and call.query.shape[0] > 0:
         # Inference decoding wants no lse: a few small ops fewer on every token.
         out = _decode_call(call, _spec(call, None, None).bk, lse=False)[0]
         return poison_rows(out, call.query), None
@@ -113,6 +113,8 @@ def attend(call: AttentionCall, *, block_q: int | None = None, block_k: int | No
 
     ``lse`` is float32 for half-precision inputs, else float64.
     """
+    if call.query.shape[0] == 0:
+        return _empty(call)
     keep = dropout_keep(call) if call.dropout_p > 0.0 else None
     spec = _spec(call, block_q, block_k)
     if not _needs_grad(call):
@@ -121,6 +123,17 @@ def attend(call: AttentionCall, *, block_q: int | None = None, block_k: int | No
     return _FlashFunction.apply(
         call.query, call.key, call.value, call.mask, call.alibi, keep, spec
     )
+
+
+def _empty(call: AttentionCall) -> tuple[Tensor, Tensor]:
+    """``(out (0, H, T, Dv), lse (0, H, T))`` of an empty batch, as torch's kernels give it;
+    still connected to the inputs, so a backward pass gives empty gradients."""
+    q, k, v = call.query, call.key, call.value
+    B, H, T = q.shape[:3]
+    link = (q.sum() + k.sum() + v.sum()).to(q.dtype)  # 0, with a grad_fn when one is needed
+    out = q.new_zeros((B, H, T, v.shape[-1])) + link  # (0, H, T, Dv)
+    lse = torch.full((B, H, T), float("-inf"), dtype=_lse_dtype(q.dtype), device=q.device)
+    return out, lse
 
 
 def _needs_grad(call: AttentionCall) -> bool:
@@ -146,6 +159,9 @@ def attend_backward(
     """
     if call.dropout_p > 0.0:
         raise ValueError("attend_backward does not replay dropout; call.dropout_p must be 0")
+    if call.query.shape[0] == 0:
+        return (torch.zeros_like(call.query), torch.zeros_like(call.key),
+                torch.zeros_like(call.value))  # fmt: skip
     spec = _spec(call, None, None)
     return _backward(
         call.query, call.key, call.value, out, lse, dout, None, call.mask, call.alibi, None,
