@@ -39,6 +39,7 @@ from qkv.attention.flex_blocks import (
 )
 from qkv.attention.flex_fused import fused_attention, fused_serves
 from qkv.attention.masks import accumulation_dtype
+from qkv.attention.threads import fitted_threads
 
 __all__ = ["flex_attention"]
 
@@ -74,6 +75,11 @@ def flex_attention(
         ``(out, lse?, weights?)`` in that order.
     """
     _check(query, key, value, score_mod, block_mask, enable_gqa)
+    with fitted_threads():
+        return _flex(query, key, value, score_mod, block_mask, scale, return_lse, need_weights)
+
+
+def _flex(query, key, value, score_mod, block_mask, scale, return_lse, need_weights):
     B, H, T, D = query.shape
     S = key.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
@@ -96,8 +102,8 @@ def flex_attention(
         outs, lses = [], []
         for i0, i1, tiles in groups:
             if grad:
-                o, lse = checkpoint(_row_block, query[:, :, i0:i1], key, value, i0, tiles,
-                                    plan, use_reentrant=False)
+                o, lse = checkpoint(_fitted_row_block, query[:, :, i0:i1], key, value, i0,
+                                    tiles, plan, use_reentrant=False)
             else:
                 with torch.no_grad():
                     o, lse = _row_block(query[:, :, i0:i1], key, value, i0, tiles, plan,
@@ -189,6 +195,12 @@ def _tile_scores(qs: Tensor, k: Tensor, i0: int, span, plan: _Plan) -> Tensor:
         keep = tile_keep(plan.mask_mod, plan.B, plan.H, rows, cols, s.device)
         s = s.masked_fill(~keep, float("-inf"))
     return s
+
+
+def _fitted_row_block(q: Tensor, k: Tensor, v: Tensor, i0: int, tiles, plan: _Plan):
+    """:func:`_row_block` on the threads the machine has free (its backward recomputes it)."""
+    with fitted_threads():
+        return _row_block(q, k, v, i0, tiles, plan)
 
 
 def _row_block(q: Tensor, k: Tensor, v: Tensor, i0: int, tiles, plan: _Plan, inplace=False):

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from qkv.attention.backends.torch_kernel import CPU_FLASH, CPU_FLASH_BACKWARD
 from qkv.attention.flex_blocks import FULL, tile_keep
+from qkv.attention.threads import fitted_threads
 from qkv.attention.weights import merge_partials
 
 __all__ = ["fused_attention", "fused_row_block", "fused_serves"]
@@ -60,30 +61,36 @@ class _FusedFlex(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        plan = ctx.plan
-        dout = dout.contiguous()
-        # Rows that see no key: +inf makes every weight exp(s - lse) exactly 0.
-        lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for i0, i1, spans in ctx.groups:
-            rows = range(i0, i1)
-            qg, og, dog, lg = (t[:, :, i0:i1] for t in (q, out, dout, lse))
-            for first, last, kind in spans:
-                j0, j1 = first * plan.bk, min(plan.S, last * plan.bk)
-                kt, vt = k[:, :, j0:j1], v[:, :, j0:j1]
-                if plan.G > 1:
-                    kt, vt = (t.repeat_interleave(plan.G, dim=1) for t in (kt, vt))
-                add = _additive(plan, kind, rows, range(j0, j1), q)[0]
-                gq, gk, gv = CPU_FLASH_BACKWARD(dog, qg, kt, vt, og, lg, 0.0, False, attn_mask=add,
-                                            scale=plan.scale)
-                dq[:, :, i0:i1] += gq
-                if plan.G > 1:  # (B, H, keys, D) -> (B, Hkv, keys, D): sum each group
-                    gk = gk.unflatten(1, (-1, plan.G)).sum(dim=2)
-                    gv = gv.unflatten(1, (-1, plan.G)).sum(dim=2)
-                dk[:, :, j0:j1] += gk
-                dv[:, :, j0:j1] += gv
-        return dq, dk, dv, None, None
+        with fitted_threads():
+            return _fused_backward(ctx, dout)
+
+
+def _fused_backward(ctx, dout):
+    """dq, dk, dv of :class:`_FusedFlex` (and None for its other inputs)."""
+    q, k, v, out, lse = ctx.saved_tensors
+    plan = ctx.plan
+    dout = dout.contiguous()
+    # Rows that see no key: +inf makes every weight exp(s - lse) exactly 0.
+    lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for i0, i1, spans in ctx.groups:
+        rows = range(i0, i1)
+        qg, og, dog, lg = (t[:, :, i0:i1] for t in (q, out, dout, lse))
+        for first, last, kind in spans:
+            j0, j1 = first * plan.bk, min(plan.S, last * plan.bk)
+            kt, vt = k[:, :, j0:j1], v[:, :, j0:j1]
+            if plan.G > 1:
+                kt, vt = (t.repeat_interleave(plan.G, dim=1) for t in (kt, vt))
+            add = _additive(plan, kind, rows, range(j0, j1), q)[0]
+            gq, gk, gv = CPU_FLASH_BACKWARD(dog, qg, kt, vt, og, lg, 0.0, False, attn_mask=add,
+                                        scale=plan.scale)
+            dq[:, :, i0:i1] += gq
+            if plan.G > 1:  # (B, H, keys, D) -> (B, Hkv, keys, D): sum each group
+                gk = gk.unflatten(1, (-1, plan.G)).sum(dim=2)
+                gv = gv.unflatten(1, (-1, plan.G)).sum(dim=2)
+            dk[:, :, j0:j1] += gk
+            dv[:, :, j0:j1] += gv
+    return dq, dk, dv, None, None
 
 
 def _additive(plan, kind, rows: range, cols: range, q: Tensor):

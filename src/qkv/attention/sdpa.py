@@ -19,6 +19,7 @@ from qkv.attention.call import AttentionCall, make_call
 from qkv.attention.dispatch import Explanation
 from qkv.attention.errors import AttentionArgumentError
 from qkv.attention.flex_sdpa import FlexExplanation, explain_flex, sdpa_flex
+from qkv.attention.threads import fitted_threads
 
 __all__ = ["explain", "run_call", "run_call_lse", "scaled_dot_product_attention"]
 
@@ -155,7 +156,9 @@ def run_call_lse(
 ) -> tuple[Tensor, Tensor | None, Tensor]:
     """:func:`run_call` for a call with ``need_lse``: ``(out (B, H, T, Dv), weights or None,
     lse (B, H, T))``, the lse in the backend's own dtype (see each backend's ``run_lse``)."""
-    return dispatch.select(call, backend).run_lse(call)
+    impl = dispatch.select(call, backend)
+    with fitted_threads():
+        return impl.run_lse(call)
 
 
 def _tuple(result: Tensor | tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
@@ -186,7 +189,9 @@ def run_call(call: AttentionCall, backend: str = "auto") -> tuple[Tensor, Tensor
     Raises:
         AttentionArgumentError: an unknown backend, or one that cannot honour the call.
     """
-    return dispatch.select(call, backend).run(call)
+    impl = dispatch.select(call, backend)
+    with fitted_threads():
+        return impl.run(call)
 
 
 def _finish(

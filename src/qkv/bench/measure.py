@@ -24,14 +24,19 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timezone
 
 import torch
 
 __all__ = [
     "MEMORY_METHOD",
+    "UNSTABLE_SPREAD",
     "available_memory_bytes",
+    "busy_core",
     "machine_info",
+    "machine_line",
     "peak_rss_bytes",
     "probe_env",
     "reset_peak_rss",
@@ -39,6 +44,7 @@ __all__ = [
     "summarise",
     "time_calls",
     "time_interleaved",
+    "unstable",
 ]
 
 MEMORY_METHOD = (
@@ -199,3 +205,40 @@ def machine_info() -> dict:
         "threads": torch.get_num_threads(),
         "available_memory_bytes": available_memory_bytes(),
     }
+
+
+# Repeats whose median is this many times their minimum were disturbed: something else ran.
+UNSTABLE_SPREAD = 1.5
+
+
+def unstable(times: Sequence[float]) -> bool:
+    """Whether repeats spread as contention makes them (median / min > UNSTABLE_SPREAD)."""
+    best = min(times)
+    return best > 0 and statistics.median(times) / best > UNSTABLE_SPREAD
+
+
+def machine_line(info: dict | None = None) -> str:
+    """One line for every printed result: CPU, instruction set, threads, torch, date (UTC)."""
+    info = info or machine_info()
+    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    return (f"{info['cpu']} ({info['cpu_capability']}), {info['threads']} of {info['cores']} "
+            f"threads, torch {info['torch']}, {day}")
+
+
+# A busy loop that ends by itself (a safety: the context manager kills it first).
+_BUSY = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+
+
+@contextmanager
+def busy_core(seconds: float = 1800.0) -> Iterator[subprocess.Popen]:
+    """Run one busy process (a Python loop, one core's worth) beside the body: the load of a
+    browser tab, an IDE or a data loader on a two-core machine. It is killed on exit and ends
+    by itself after ``seconds`` in any case."""
+    proc = subprocess.Popen([sys.executable, "-c", _BUSY.format(seconds=float(seconds))],
+                            stdin=subprocess.DEVNULL)  # fmt: skip
+    try:
+        time.sleep(0.3)  # let the scheduler see it
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from qkv.attention.threads import fitted
 from qkv.generate.session import (
     DecoderSession,
     EncodedInputs,
@@ -140,6 +141,7 @@ class StaticDecoderSession(_CompiledSteps, DecoderSession):
         self.written = P  # slots filled, known on the host (no read of ``slot``)
         self._init_steps(compile, model, lambda: compiled_step(model))
 
+    @fitted
     def first(self) -> Tensor:
         """Run the prompts (eagerly); returns ``(B, V)`` logits of the first new token."""
         P = self.ids.shape[1]
@@ -151,6 +153,7 @@ class StaticDecoderSession(_CompiledSteps, DecoderSession):
         self.cache.set_slots(self.slot)
         return logits[:, -1].float()  # (B, V)
 
+    @fitted
     def next(self, tokens: Tensor) -> Tensor:
         """Feed ``tokens (B,)`` at the next slot; returns ``(B, V)`` logits."""
         if self.written >= self.capacity:
@@ -198,6 +201,7 @@ class StaticSeq2SeqSession(_CompiledSteps, Seq2SeqSession):
         self.cache.set_slots(self.slot)
         self._init_steps(compile, model.decode, lambda: compiled_method(model, "decode"))
 
+    @fitted
     def next(self, tokens: Tensor) -> Tensor:
         """Feed ``tokens (B,)`` at the next slot; returns ``(B, V)`` logits."""
         if self.written >= self.capacity:

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor, nn
 
+from qkv.attention.threads import fitted
 from qkv.checks import is_int, positive_int
 
 __all__ = [
@@ -169,6 +170,7 @@ class DecoderSession:
         room = {"max_len": P + max_new_tokens} if "max_len" in params else {}
         self.cache = model.new_cache(**room)
 
+    @fitted
     def first(self) -> Tensor:
         """Run the prompts; returns ``(B, V)`` logits of the first new token."""
         positions = None if self.mask is None else self.positions
@@ -177,6 +179,7 @@ class DecoderSession:
         self.next_pos = self.positions[:, -1:] + 1  # (B, 1)
         return logits[:, -1].float()  # (B, V)
 
+    @fitted
     def next(self, tokens: Tensor) -> Tensor:
         """Feed ``tokens (B,)``; returns ``(B, V)`` logits of the token after them."""
         positions = None
@@ -242,11 +245,13 @@ class Seq2SeqSession:
         self.memory = model.encode(src, self.src_mask)  # (B, S, E)
         self.cache = model.new_cache()
 
+    @fitted
     def first(self) -> Tensor:
         """Encode (done) and feed BOS; returns ``(B, V)`` logits of the first token."""
         bos = torch.full((self.batch,), self.bos_id, dtype=torch.long, device=self.memory.device)
         return self.next(bos)
 
+    @fitted
     def next(self, tokens: Tensor) -> Tensor:
         """Feed ``tokens (B,)``; returns ``(B, V)`` logits of the token after them."""
         logits = self.model.decode(tokens[:, None], self.memory, self.src_mask,
@@ -335,6 +340,7 @@ class MemorySession:
         logits[:, self.suppress] = float("-inf")
         return logits
 
+    @fitted
     def first(self) -> Tensor:
         """Feed the prompts (projecting the memory's keys/values once); returns ``(B, V)``
         logits of the first new token."""
@@ -342,6 +348,7 @@ class MemorySession:
         logits[:, self.suppress_first] = float("-inf")
         return logits
 
+    @fitted
     def next(self, tokens: Tensor) -> Tensor:
         """Feed ``tokens (B,)``; returns ``(B, V)`` logits of the token after them."""
         return self._logits(tokens[:, None])

@@ -1,0 +1,152 @@
+"""How many CPU threads an attention call uses: torch's setting, less the cores others keep busy.
+
+qkv's CPU paths (flash tiles, programmable attention, flash-decoding) run as a sequence of
+torch operations, each a parallel region whose work torch splits evenly over its threads and
+then waits for the slowest. When another process keeps one of two cores busy, the thread that
+shares that core gets half of it, so every region takes as long as it would on one thread, plus
+the hand-offs: measured on a two-core machine with one busy process, qkv's soft-capped flex
+call took 2.3-3.4x its quiet time on two threads, 1.9x on one (torch.compile's kernel, one
+region per call, 1.6x). One thread on the free core is the faster choice there.
+
+:func:`fitted_threads` wraps a call: it reads how busy the machine's CPUs were over the last
+fraction of a second (``/proc/stat``) minus this process's own CPU time, and, while other
+processes keep ``c`` cores busy, runs the call on ``cores - round(c)`` threads (at least one,
+at most torch's setting), then restores torch's setting. The reading is taken at most every
+:data:`SAMPLE_S` seconds, so a call pays a clock read; where ``/proc/stat`` does not exist
+(macOS, Windows) torch's setting is used as is, as it is under ``torch.compile`` tracing and
+with ``QKV_THREADS=fixed`` in the environment (or :func:`set_policy`\\ ``("fixed")``).
+
+The thread count changes the time, not the bits: torch's kernels and qkv's backends give
+bit-identical results on one thread and on two (``tests/attention/test_threads.py`` checks it,
+forward and backward), so a result does not depend on the machine's load. Generation steps are
+fitted too (:func:`fitted` on the sessions' ``first``/``next``); a training step is not (it
+keeps torch's setting outside attention). ``torch.set_num_threads`` is process-wide: a call from
+one Python thread while another runs attention may see the fitted count; the setting is always
+restored.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+__all__ = ["POLICIES", "SAMPLE_S", "fitted", "fitted_threads", "others_busy", "policy",
+           "set_policy", "threads_for"]
+
+POLICIES = ("adaptive", "fixed")
+SAMPLE_S = 0.1  # seconds between two readings of the machine's load
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+class _State:
+    policy = os.environ.get("QKV_THREADS", "adaptive")
+    sample: tuple[float, float, float] | None = None  # (wall, machine busy s, our CPU s)
+    others = 0.0  # cores other processes kept busy over the last interval
+
+
+def policy() -> str:
+    """The thread policy: ``"adaptive"`` (the default) or ``"fixed"`` (torch's setting)."""
+    return _State.policy
+
+
+def set_policy(name: str) -> None:
+    """Choose ``"adaptive"`` (fit threads to the cores others leave free) or ``"fixed"``.
+
+    Raises:
+        ValueError: another name.
+    """
+    if name not in POLICIES:
+        raise ValueError(f"thread policy must be one of {POLICIES}, got {name!r}")
+    _State.policy = name
+
+
+def _machine_busy_seconds() -> float | None:
+    """CPU seconds every core of the machine spent busy since boot (steal counts as busy:
+    a hypervisor took it), or None without ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / _CLOCK_TICKS
+
+
+def others_busy(now: float | None = None) -> float | None:
+    """Cores other processes kept busy over the last reading interval (None: unknown).
+
+    Takes a new reading when the last one is :data:`SAMPLE_S` old or more; else returns the
+    last value.
+    """
+    now = time.monotonic() if now is None else now
+    last = _State.sample
+    if last is not None and now - last[0] < SAMPLE_S:
+        return _State.others
+    busy = _machine_busy_seconds()
+    if busy is None:
+        return None
+    t = os.times()
+    ours = t.user + t.system
+    _State.sample = (now, busy, ours)
+    if last is not None:
+        # /proc/stat counts in ticks (10 ms): a short interval is coarse, never negative
+        _State.others = max(0.0, ((busy - last[1]) - (ours - last[2])) / (now - last[0]))
+    return _State.others
+
+
+def threads_for(requested: int, cores: int, others: float | None) -> int:
+    """Threads to run on: ``requested`` less the cores others keep busy, at least one.
+
+    >>> threads_for(2, 2, 0.2), threads_for(2, 2, 0.7), threads_for(8, 8, 3.2)
+    (2, 1, 5)
+    """
+    if others is None:
+        return requested
+    return max(1, min(requested, cores - int(others + 0.5)))
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@contextmanager
+def fitted_threads() -> Iterator[int]:
+    """Run the body on the threads the machine has free; yields the count used (0 while
+    tracing: the traced program keeps no thread setting)."""
+    if _State.policy != "adaptive" or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        yield 0  # traced code keeps no thread setting: the caller's applies
+        return
+    requested = torch.get_num_threads()
+    if requested <= 1:
+        yield requested
+        return
+    n = threads_for(requested, _cores(), others_busy())
+    if n == requested:
+        yield n
+        return
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(requested)
+
+
+def fitted(fn: Callable) -> Callable:
+    """Decorator: ``fn`` runs under :func:`fitted_threads` (a decoding step, say)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with fitted_threads():
+            return fn(*args, **kwargs)
+
+    return wrapper
