@@ -6,7 +6,8 @@ checkout of qkv in the same run (``--baseline PATH/src``), alternating the two.
 Measures ``session.next(tokens)`` (one cached forward step, greedy token fed back) for
 SmolLM2-135M-Instruct (when its package is installed) and a GPT-2-style DecoderLM (d_model 256,
 4 layers, 4 heads, random weights), batch 1, prompt 32 tokens, 64 steps; prints the median and
-the minimum over ``--repeats`` runs of each checkout.
+the minimum over ``--repeats`` runs of each checkout. ``--load`` runs one busy process beside
+the measurement (:func:`qkv.bench.measure.busy_core`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import os
 import statistics
 import subprocess
 import sys
+from contextlib import nullcontext
+
+from common import busy_core, machine_info, machine_line
 
 CHILD = r"""
 import json, sys, time, torch
@@ -65,12 +69,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", default="gpt2-small,smollm2")
+    parser.add_argument("--load", action="store_true", help="one busy process beside it")
     args = parser.parse_args()
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
     checkouts = {"this": os.path.abspath(here)}
     if args.baseline:
         checkouts["baseline"] = os.path.abspath(args.baseline)
-    print(f"decode step, batch 1, prompt 32, {args.steps} steps, {args.threads} thread(s)")
+    info = {**machine_info(), "threads": args.threads}
+    print(f"decode step, batch 1, prompt 32, {args.steps} steps"
+          f"{', one busy process beside it' if args.load else ''}; {machine_line(info)}")
+    with busy_core() if args.load else nullcontext():
+        _measure(args, checkouts)
+
+
+def _measure(args, checkouts: dict[str, str]) -> None:
     for which in args.models.split(","):
         results: dict[str, list[float]] = {name: [] for name in checkouts}
         for _ in range(args.repeats):

@@ -106,12 +106,14 @@ def time_calls(
 
 
 def summarise(times: Sequence[float], flops: float) -> dict:
-    """``min_s``, ``median_s`` and GFLOP/s from the minimum."""
+    """``min_s``, ``median_s``, GFLOP/s from the minimum, and whether the repeats spread as
+    contention makes them (:func:`unstable`)."""
     best = min(times)
     return {
         "min_s": best,
         "median_s": statistics.median(times),
         "gflops": flops / best / 1e9 if best > 0 else float("nan"),
+        "unstable": unstable(times),
     }
 
 
@@ -195,6 +197,7 @@ def machine_info() -> dict:
     import qkv
 
     return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "torch": torch.__version__,
         "qkv": qkv.__version__,
         "python": platform.python_version(),
@@ -220,9 +223,8 @@ def unstable(times: Sequence[float]) -> bool:
 def machine_line(info: dict | None = None) -> str:
     """One line for every printed result: CPU, instruction set, threads, torch, date (UTC)."""
     info = info or machine_info()
-    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     return (f"{info['cpu']} ({info['cpu_capability']}), {info['threads']} of {info['cores']} "
-            f"threads, torch {info['torch']}, {day}")
+            f"threads, torch {info['torch']}, {info['date']}")
 
 
 # A busy loop that ends by itself (a safety: the context manager kills it first).

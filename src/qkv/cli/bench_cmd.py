@@ -86,6 +86,10 @@ def command(
     huge: Annotated[
         bool, typer.Option("--huge", help="Also flash forward+backward at T = 65536.")
     ] = False,
+    load: Annotated[
+        bool, typer.Option("--load", help="Run one busy process beside the measurement (the "
+                           "load of a browser or a data loader): compare with a quiet run.")
+    ] = False,
     pretrained: Annotated[
         bool, typer.Option("--pretrained", help="Also time the pretrained models against "
                            "their reference libraries: SmolLM2 greedy (eager, compiled, int8) "
@@ -137,8 +141,14 @@ def command(
     except ValueError as e:
         raise fail(e) from None
 
-    records = suite.run_suite(config, progress=lambda line: console.print(line, markup=False))
-    header = {**suite.config_dict(config), **machine_info(), "quick": quick}
+    from contextlib import nullcontext
+
+    from qkv.bench.measure import busy_core
+
+    with busy_core() if load else nullcontext():
+        records = suite.run_suite(config,
+                                  progress=lambda line: console.print(line, markup=False))
+    header = {**suite.config_dict(config), **machine_info(), "quick": quick, "load": load}
     header["threads"] = config.threads
     # Quick figures are tiny and noisy: printed, never graded against the full targets.
     targets = [] if quick else check_targets(records, quick=False)

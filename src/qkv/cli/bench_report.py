@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from qkv.bench.measure import UNSTABLE_SPREAD, machine_line
 from qkv.bench.targets import Target
 from qkv.inspect.files import atomic_write
 
@@ -26,7 +27,8 @@ def _ms(t: dict | None, key: str) -> str:
     if not t:
         return "-"
     s = t[key]
-    return f"{s * 1e3:.3g}" if s >= 1e-3 else f"{s * 1e3:.2g}"
+    text = f"{s * 1e3:.3g}" if s >= 1e-3 else f"{s * 1e3:.2g}"
+    return text + ("!" if key == "median_s" and t.get("unstable") else "")
 
 
 def _speedup(rec: dict, records: dict[tuple, dict]) -> str:
@@ -83,8 +85,10 @@ def print_report(console: Console, header: dict, records: list[dict],
     """Tables per (kind, dtype, mode), the memory model's accuracy, then the checklist."""
     console.print(
         f"B={header['B']}, H={header['H']}, D={header['D']}, threads={header['threads']} "
-        f"(fixed), warmup={header['warmup']}, repeats={header['repeats']} (min and median), "
-        f"torch {header['torch']} on {header['cpu']} ({header['cpu_capability']})"
+        f"(torch's setting; qkv may use fewer while other processes keep cores busy), "
+        f"warmup={header['warmup']}, repeats={header['repeats']} (min and median); "
+        f"{machine_line(header)}"
+        + ("; one busy process beside the measurement (--load)" if header.get("load") else "")
     )
     by_key = {(*_config_key(r), r["backend"]): r for r in records}
     groups: dict[tuple, list[dict]] = {}
@@ -101,6 +105,10 @@ def print_report(console: Console, header: dict, records: list[dict],
             f"memory model: measured / qkv.explain's predicted forward peak over {len(ratios)} "
             f"probes of 8 MiB or more: {min(ratios):.2f} .. {max(ratios):.2f}"
         )
+    shaky = [r for r in records if (r.get("time") or {}).get("unstable")]
+    if shaky:
+        console.print(f"unstable: another process was running during {len(shaky)} of "
+                      f"{len(records)} measurements (median/min > {UNSTABLE_SPREAD}; marked !)")
     if targets:
         console.print(_checklist(targets))
     if any(t.indicative and t.status != "no data" for t in targets):
