@@ -37,7 +37,7 @@ from qkv.attention.flex_blocks import (
     index_grid,
     tile_keep,
 )
-from qkv.attention.flex_fused import fused_attention, fused_serves
+from qkv.attention.flex_fused import assemble, fused_attention, fused_serves
 from qkv.attention.masks import accumulation_dtype
 from qkv.attention.threads import fitted_threads
 
@@ -98,20 +98,19 @@ def _flex(query, key, value, score_mod, block_mask, scale, return_lse, need_weig
     if fused_serves(query, value, score_mod, grad, return_lse):
         # No score_mod: spans on torch's fused kernel, its fused backward per span.
         out, lse = fused_attention(query, key, value, groups, plan)
-    else:
+    elif grad:
         outs, lses = [], []
         for i0, i1, tiles in groups:
-            if grad:
-                o, lse = checkpoint(_fitted_row_block, query[:, :, i0:i1], key, value, i0,
-                                    tiles, plan, use_reentrant=False)
-            else:
-                with torch.no_grad():
-                    o, lse = _row_block(query[:, :, i0:i1], key, value, i0, tiles, plan,
-                                        inplace=True)
+            o, lse = checkpoint(_fitted_row_block, query[:, :, i0:i1], key, value, i0, tiles,
+                                plan, use_reentrant=False)
             outs.append(o)
             lses.append(lse)
         out = torch.cat(outs, dim=2)  # (B, H, T, Dv)
         lse = torch.cat(lses, dim=2)  # (B, H, T)
+    else:
+        with torch.no_grad():
+            out, lse = assemble(groups, lambda i0, i1, tiles: _row_block(
+                query[:, :, i0:i1], key, value, i0, tiles, plan, inplace=True))
     result = [out]
     if return_lse:
         result.append(lse)

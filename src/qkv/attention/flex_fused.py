@@ -19,7 +19,7 @@ from qkv.attention.flex_blocks import FULL, tile_keep
 from qkv.attention.threads import fitted_threads
 from qkv.attention.weights import merge_partials
 
-__all__ = ["fused_attention", "fused_row_block", "fused_serves"]
+__all__ = ["assemble", "fused_attention", "fused_row_block", "fused_serves"]
 
 
 
@@ -47,13 +47,8 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, groups, plan) -> tuple[Tens
 class _FusedFlex(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, groups, plan):
-        outs, lses = [], []
-        for i0, i1, spans in groups:
-            o, lse = fused_row_block(q[:, :, i0:i1], k, v, i0, spans, plan)
-            outs.append(o)
-            lses.append(lse)
-        out = torch.cat(outs, dim=2)  # (B, H, T, Dv)
-        lse = torch.cat(lses, dim=2)  # (B, H, T)
+        out, lse = assemble(groups, lambda i0, i1, spans: fused_row_block(
+            q[:, :, i0:i1], k, v, i0, spans, plan))  # (B, H, T, Dv), (B, H, T)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.groups, ctx.plan = groups, plan
         ctx.mark_non_differentiable(lse)
@@ -63,6 +58,22 @@ class _FusedFlex(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         with fitted_threads():
             return _fused_backward(ctx, dout)
+
+
+def assemble(groups, row_block) -> tuple[Tensor, Tensor]:
+    """``(out (B, H, T, Dv), lse (B, H, T))`` from ``row_block(i0, i1, spans)`` of every query
+    group, written into one output as they come (no list of parts and copy: the peak is the
+    output and one group's tiles)."""
+    out = lse = None
+    for i0, i1, spans in groups:
+        o, g_lse = row_block(i0, i1, spans)
+        if out is None:
+            T = groups[-1][1]
+            out = o.new_empty((*o.shape[:2], T, o.shape[3]))  # (B, H, T, Dv)
+            lse = g_lse.new_empty((*g_lse.shape[:2], T))  # (B, H, T)
+        out[:, :, i0:i1] = o
+        lse[:, :, i0:i1] = g_lse
+    return out, lse
 
 
 def _fused_backward(ctx, dout):
