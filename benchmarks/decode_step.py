@@ -7,7 +7,9 @@ Measures ``session.next(tokens)`` (one cached forward step, greedy token fed bac
 SmolLM2-135M-Instruct (when its package is installed) and a GPT-2-style DecoderLM (d_model 256,
 4 layers, 4 heads, random weights), batch 1, prompt 32 tokens, 64 steps; prints the median and
 the minimum over ``--repeats`` runs of each checkout. ``--load`` runs one busy process beside
-the measurement (:func:`qkv.bench.measure.busy_core`).
+the measurement (:func:`qkv.bench.measure.busy_core`); ``--policies adaptive,fixed`` runs each
+checkout under both thread policies (``QKV_THREADS``: fit the threads to the free cores, or
+keep torch's setting); ``--out FILE`` writes the results as JSON.
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ print(json.dumps(min(times)))
 """
 
 
-def run(src: str, which: str, threads: int, steps: int) -> float:
-    env = dict(os.environ, PYTHONPATH=src)
+def run(src: str, which: str, threads: int, steps: int, policy: str = "adaptive") -> float:
+    env = dict(os.environ, PYTHONPATH=src, QKV_THREADS=policy)
     out = subprocess.run(
         [sys.executable, "-c", CHILD, str(threads), which, str(steps)],
         env=env, capture_output=True, text=True, check=True,
@@ -70,6 +72,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", default="gpt2-small,smollm2")
     parser.add_argument("--load", action="store_true", help="one busy process beside it")
+    parser.add_argument("--policies", default="adaptive", help="QKV_THREADS values to run")
+    parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
     checkouts = {"this": os.path.abspath(here)}
@@ -79,18 +83,28 @@ def main() -> None:
     print(f"decode step, batch 1, prompt 32, {args.steps} steps"
           f"{', one busy process beside it' if args.load else ''}; {machine_line(info)}")
     with busy_core() if args.load else nullcontext():
-        _measure(args, checkouts)
+        rows = _measure(args, checkouts)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"machine": info, "args": vars(args), "rows": rows}, f, indent=1)
 
 
-def _measure(args, checkouts: dict[str, str]) -> None:
+def _measure(args, checkouts: dict[str, str]) -> list[dict]:
+    rows = []
+    runs = [(name, src, policy) for name, src in checkouts.items()
+            for policy in args.policies.split(",")]
     for which in args.models.split(","):
-        results: dict[str, list[float]] = {name: [] for name in checkouts}
+        results: dict[tuple, list[float]] = {(n, p): [] for n, _, p in runs}
         for _ in range(args.repeats):
-            for name, src in checkouts.items():  # alternate, so drift hits both alike
-                results[name].append(run(src, which, args.threads, args.steps))
-        for name, ms in results.items():
-            print(f"  {which:12s} {name:9s} ms/token median {statistics.median(ms):7.2f}  "
-                  f"min {min(ms):7.2f}  ({', '.join(f'{m:.2f}' for m in ms)})")
+            for name, src, policy in runs:  # alternate, so drift hits all alike
+                results[name, policy].append(run(src, which, args.threads, args.steps, policy))
+        for (name, policy), ms in results.items():
+            print(f"  {which:12s} {name:9s} {policy:9s} ms/token median "
+                  f"{statistics.median(ms):7.2f}  min {min(ms):7.2f}  "
+                  f"({', '.join(f'{m:.2f}' for m in ms)})", flush=True)
+            rows.append({"model": which, "checkout": name, "policy": policy, "load": args.load,
+                         "median_ms": statistics.median(ms), "min_ms": min(ms), "runs": ms})
+    return rows
 
 
 if __name__ == "__main__":

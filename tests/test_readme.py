@@ -132,3 +132,18 @@ def test_readme_links_stay_inside_the_repository():
     for target in re.findall(r"\]\(([^)\s]+)\)", text):  # markdown links [text](target)
         path = (root / target.split("#")[0]).resolve()
         assert path.is_relative_to(root) and path.exists(), f"README link to {target!r}"
+
+
+def test_performance_tables_are_the_benchmark_results():
+    """The README's performance tables are exactly what ``benchmarks/readme.py`` renders from
+    ``benchmarks/results/``: every figure there is a labelled run's, never typed in."""
+    import sys
+
+    sys.path.insert(0, str(README.parent / "benchmarks"))
+    import readme as tables  # benchmarks/readme.py (benchmarks/ is not a package)
+
+    text = README.read_text(encoding="utf-8")
+    assert tables.replace_in(text) == text, (
+        "README.md's performance tables differ from benchmarks/results: run "
+        "`python benchmarks/readme.py --write`")
+    assert "AVX" in tables.render(), "no labelled results in benchmarks/results"

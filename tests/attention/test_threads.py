@@ -65,6 +65,18 @@ def test_fitted_threads_uses_the_free_cores_and_restores(two_threads, monkeypatc
         threads.set_policy("auto")
 
 
+def test_a_bad_policy_in_the_environment_warns_and_keeps_the_default():
+    import os
+    import subprocess
+    import sys
+
+    code = "from qkv.attention import threads; print(threads.policy())"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "QKV_THREADS": "fast"}, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "adaptive", proc.stderr
+    assert "QKV_THREADS='fast' is not one of ('adaptive', 'fixed')" in proc.stderr, proc.stderr
+
+
 def test_a_decoding_step_runs_on_the_free_cores(two_threads, monkeypatch):
     from qkv.generate.session import make_session
     from qkv.models import DecoderLM, DecoderLMConfig

@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -43,8 +44,17 @@ SAMPLE_S = 0.1  # seconds between two readings of the machine's load
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+def _policy_from_env() -> str:
+    name = os.environ.get("QKV_THREADS", "adaptive")
+    if name not in POLICIES:
+        warnings.warn(f"QKV_THREADS={name!r} is not one of {POLICIES}; using 'adaptive'",
+                      RuntimeWarning, stacklevel=2)
+        return "adaptive"
+    return name
+
+
 class _State:
-    policy = os.environ.get("QKV_THREADS", "adaptive")
+    policy = _policy_from_env()
     sample: tuple[float, float, float] | None = None  # (wall, machine busy s, our CPU s)
     others = 0.0  # cores other processes kept busy over the last interval
 

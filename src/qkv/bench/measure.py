@@ -204,6 +204,8 @@ def machine_info() -> dict:
         "machine": platform.machine(),
         "cpu": _cpu_name(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        # set: torch's kernels of that instruction set were forced on a CPU that has more
+        "forced_capability": os.environ.get("ATEN_CPU_CAPABILITY") or None,
         "cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "available_memory_bytes": available_memory_bytes(),
