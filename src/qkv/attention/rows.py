@@ -123,6 +123,11 @@ def poison_rows(t: Tensor, query: Tensor) -> Tensor:
     return torch.add(t, worst.to(t.dtype), alpha=0)  # 0·(NaN or inf) is NaN, 0·x is 0
 
 
+# Below this many query entries (a decoding step's few rows) the poisoning's three small ops
+# cost less than reading a value back, and a model's layers then read nothing on the host.
+FINITE_READ_MIN = 1 << 14
+
+
 def _all_finite_on_cpu(query: Tensor) -> bool:
     """Whether every entry of a CPU ``query`` is finite, read with one sum (inf or NaN in q
     makes the sum non-finite; a finite q whose sum overflows only sends it the long way).
@@ -132,7 +137,7 @@ def _all_finite_on_cpu(query: Tensor) -> bool:
     tracing, on other devices or under ``torch.func`` transforms, where the value is not
     readable or would cost a sync.
     """
-    if query.device.type != "cpu" or values_unknown(query):
+    if query.device.type != "cpu" or query.numel() < FINITE_READ_MIN or values_unknown(query):
         return False
     if torch._C._functorch.is_functorch_wrapped_tensor(query):
         return False

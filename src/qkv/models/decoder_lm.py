@@ -408,7 +408,8 @@ class DecoderLM(ModelBase):
         h = self.embed(input_ids)  # (B, T, E)
         if c.embed_scale != 1.0:
             h = h * c.embed_scale  # (B, T, E)
-        h = self.drop(add_positions(self.pos, h, offset=offset, positions=positions))
+        h = add_positions(self.pos, h, offset=offset, positions=positions, checked=True)
+        h = self.drop(h)  # (B, T, E)
         if self.rel_bias is not None:  # computed once, every block adds it to its scores
             bias = self.rel_bias(T, offset + T, offset, dtype=h.dtype)  # (1, H, T, S)
             mask = combine(bias, mask)  # (B|1, H, T, S) float; a rolling cache cuts it
@@ -455,7 +456,7 @@ class DecoderLM(ModelBase):
         h = self.embed(input_ids)  # (B, T, E)
         if c.embed_scale != 1.0:
             h = h * c.embed_scale  # (B, T, E)
-        h = self.drop(add_positions(self.pos, h, positions=positions))
+        h = self.drop(add_positions(self.pos, h, positions=positions, checked=True))
         for i, block in enumerate(self.blocks):
             h = block(h, mask=mask, cache=cache[i], positions=positions)  # (B, T, E)
         return self._head(h)

@@ -203,7 +203,8 @@ class Encoder(ModelBase):
         elif c.pad_id is not None and block_mask is None:  # packed: the documents separate
             mask = (input_ids != c.pad_id)[:, None, None, :]  # (B, 1, 1, S)
 
-        h = add_positions(self.pos, self.embed(input_ids), positions=positions)  # (B, S, E)
+        h = add_positions(self.pos, self.embed(input_ids), positions=positions,
+                          checked=True)  # (B, S, E)
         h = h + self._token_types(token_type_ids, B, S)
         h = self.drop(self.embed_norm(h))
         if self.rel_bias is not None:  # computed once, every block adds it to its scores

@@ -132,16 +132,21 @@ def make_positions(
 
 
 def add_positions(
-    pos: nn.Module | None, x: Tensor, *, offset: int = 0, positions: Tensor | None = None
+    pos: nn.Module | None, x: Tensor, *, offset: int = 0, positions: Tensor | None = None,
+    checked: bool = False,
 ) -> Tensor:
     """``x (B, T, E)`` plus the positions of its tokens (``offset + arange(T)`` or ``positions``).
 
-    ``positions`` is ``(B, T)`` or ``(T,)`` (already checked by :func:`check_positions`).
+    ``positions`` is ``(B, T)`` or ``(T,)``; ``checked``: already bounded by the learned
+    table's size (:func:`check_positions` with its ``max_len``), so it is not read again.
     """
     if pos is None:
         return x
     if positions is None:
         return pos(x, offset)  # (B, T, E)
+    if checked and isinstance(pos, LearnedPositionalEmbedding):
+        # check_positions bounded them by the table (max_len): no second reading
+        return x + pos.weight[positions]  # (B, T, E)
     if isinstance(pos, SinusoidalPositionalEncoding):
         # While tracing, the values are unknown: the table's current rows must cover them.
         n = pos.max_len if values_unknown(positions) else int(positions.max()) + 1
@@ -165,12 +170,18 @@ def check_ids(name: str, ids: object, vocab_size: int) -> Tensor:
         raise ValueError(f"{name} must have shape (B, T) with B, T >= 1, got {_shape(ids)}")
     if values_unknown(ids):  # tracing (compile, export) or the meta device: shapes only
         return ids
-    lo, hi = int(ids.min()), int(ids.max())
+    lo, hi = _min_max(ids)
     if lo < 0 or hi >= vocab_size:
         raise ValueError(
             f"{name} must lie in [0, vocab_size={vocab_size}), got values in [{lo}, {hi}]"
         )
     return ids
+
+
+def _min_max(t: Tensor) -> tuple[int, int]:
+    """``(min, max)`` of an integer tensor, read from the device in one transfer."""
+    lo, hi = torch.stack(torch.aminmax(t)).tolist()
+    return lo, hi
 
 
 def check_positions(
@@ -198,7 +209,7 @@ def check_positions(
         )
     if values_unknown(positions):
         return positions
-    lo, hi = int(positions.min()), int(positions.max())
+    lo, hi = _min_max(positions)
     if lo < 0 or (max_len is not None and hi >= max_len):
         bound = "" if max_len is None else f", max_len={max_len} (learned positions)"
         raise ValueError(

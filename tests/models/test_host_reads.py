@@ -1,0 +1,61 @@
+"""A decoding step reads values back to the host only to validate its inputs, never per layer.
+
+Counted with a ``TorchFunctionMode`` that sees every way a tensor's value reaches Python
+(``item``, ``tolist``, ``bool``/``int``/``float``/``index`` conversions, ``numpy``): a padded
+batch (a bool mask and explicit positions) reads its new ids once (min and max in one
+transfer) and its positions once; the layers read nothing, so the count does not grow with
+depth.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from qkv.generate.session import make_session
+from qkv.models import DecoderLM, DecoderLMConfig
+
+READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__,
+         torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.numpy}
+
+
+class CountReads(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in READS:
+            self.reads += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _model(style: str, layers: int) -> DecoderLM:
+    torch.manual_seed(0)
+    if style == "gpt2":
+        cfg = DecoderLMConfig.gpt2_style(vocab_size=100, d_model=32, num_layers=layers,
+                                         num_heads=2, max_len=64)
+    else:
+        cfg = DecoderLMConfig.llama_style(vocab_size=100, d_model=32, num_layers=layers,
+                                          num_heads=2, num_kv_heads=1, max_len=64)
+    return DecoderLM(cfg).eval()
+
+
+def _reads_per_step(style: str, layers: int, prompts) -> int:
+    session = make_session(_model(style, layers), prompts, 8, pad_id=None, bos_id=None)
+    with torch.no_grad():
+        token = session.first().argmax(-1)
+        with CountReads() as count:
+            session.next(token)
+    return count.reads
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+def test_a_decoding_step_reads_its_inputs_once_and_no_layer_reads(style):
+    padded = [[1, 2, 3], [4, 5]]  # left-padded: a bool mask and explicit positions
+    shallow, deep = _reads_per_step(style, 1, padded), _reads_per_step(style, 4, padded)
+    assert shallow == deep, f"{style}: {shallow} reads with 1 layer, {deep} with 4"
+    assert deep <= 2, f"{style}: {deep} host reads in one padded decoding step (ids, positions)"
+    plain = _reads_per_step(style, 4, [[1, 2, 3], [4, 5, 6]])
+    assert plain <= 1, f"{style}: {plain} host reads in one unpadded decoding step (ids)"
