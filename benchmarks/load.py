@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 import warnings
 from collections.abc import Callable
 
@@ -31,7 +30,7 @@ import torch.nn.functional as F
 from torch.nn.attention import flex_attention as tf
 
 import qkv
-from common import busy_core, machine_info, machine_line, unstable
+from common import busy_core, machine_info, machine_line, time_interleaved, unstable
 
 CAP = 30.0
 
@@ -73,16 +72,9 @@ def _kernel_cases() -> dict[str, tuple[Callable, Callable]]:
 
 
 def _times(fns: dict[str, Callable], repeats: int) -> dict[str, list[float]]:
-    """Interleaved timings (seconds) after one warm-up call each."""
-    for fn in fns.values():
-        fn()
-    out: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            out[name].append(time.perf_counter() - t0)
-    return out
+    """Interleaved timings (seconds per call) after one warm-up call each."""
+    runs = time_interleaved(fns, warmup=1, repeats=repeats)
+    return {name: times for name, (times, _) in runs.items()}
 
 
 def main(argv=None) -> None:
