@@ -1,8 +1,10 @@
-"""Shared test helpers: one ``assert_close`` that always reports the max error."""
+"""Shared test helpers: one ``assert_close`` that always reports the max error, and the one
+list of attention backends every test grid runs (read from the registry)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 # Tolerances per dtype for comparisons against a float64 reference or torch's own kernel.
@@ -45,3 +47,36 @@ def assert_close(actual, expected, *, atol: float, rtol: float = 0.0, name: str 
             f"{int(bad.sum())}/{a.size} entries out of tolerance; worst at {idx}: "
             f"{a[idx]!r} vs {e[idx]!r}"
         )
+
+
+def backend_names(*, auto: bool = True) -> list[str]:
+    """The attention backends a grid runs: ``["auto", *registry]``, fastest first.
+
+    Read from :data:`qkv.attention.backends.REGISTRY` when a test module is collected, so a
+    backend registered before that (``QKV_TEST_EXTRA_BACKEND=1``, tests/attention/conftest.py)
+    joins every grid with no test file edited. ``auto=False`` leaves out ``"auto"``.
+    """
+    from qkv.attention.backends import REGISTRY
+
+    names = list(REGISTRY)
+    return ["auto", *names] if auto else names
+
+
+def skip_if_refused(backend: str, *args, **kwargs) -> None:
+    """Skip a grid cell whose backend, one registered from outside qkv, refuses the call
+    ``qkv.scaled_dot_product_attention(*args, backend=backend, **kwargs)`` by contract (its
+    ``why_not``, e.g. no dropout). qkv's own backends are never skipped: what they refuse is
+    pinned by test_explain.py and test_errors.py, so a new refusal of theirs fails here."""
+    import qkv
+    from qkv.attention.backends import REGISTRY
+    from qkv.attention.errors import AttentionArgumentError
+
+    module = REGISTRY.get(backend)
+    if module is None or getattr(module, "__name__", "").startswith("qkv."):
+        return
+    try:
+        qkv.explain(*args, backend=backend, **kwargs)
+    except AttentionArgumentError as e:
+        if "cannot honour this call" not in str(e):
+            raise  # an invalid call, not a refusal: the test must see it
+        pytest.skip(str(e))

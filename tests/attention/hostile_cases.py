@@ -7,9 +7,10 @@ import numpy as np
 import torch
 
 import qkv
+from helpers import backend_names
 from qkv import reference
 
-BACKENDS = ["math", "flash", "torch", "auto"]
+BACKENDS = backend_names()  # "auto" and every registered backend
 
 
 def slopes_for(H: int) -> torch.Tensor:

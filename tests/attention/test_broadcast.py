@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 import qkv
-from helpers import assert_close
+from helpers import assert_close, backend_names
 
-BACKENDS = ["auto", "torch", "flash", "math"]
+BACKENDS = backend_names()  # "auto" and every registered backend
 
 # (query shape, key shape, value shape, enable_gqa)
 CASES = [

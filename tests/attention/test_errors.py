@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 import qkv
+from helpers import backend_names
 
 
 def qkv_(T=4, S=6, H=2, Hkv=2, D=8, Dv=8, B=2, dtype=torch.float32):
@@ -135,7 +138,9 @@ def test_mixed_devices():
 
 def test_unknown_backend():
     q, k, v = qkv_()
-    with pytest.raises(ValueError, match=r"backend must be one of 'auto', 'torch', 'flash', 'math', got 'cuda'"):
+    assert backend_names()[:4] == ["auto", "torch", "flash", "math"]
+    known = ", ".join(repr(name) for name in backend_names())  # every registered backend
+    with pytest.raises(ValueError, match=re.escape(f"backend must be one of {known}, got 'cuda'")):
         sdpa(q, k, v, backend="cuda")
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import qkv
-from helpers import assert_close
+from helpers import assert_close, backend_names
 from qkv import masks
 from qkv.attention.backends import flash
 from qkv.attention.call import make_call
@@ -66,7 +66,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", ["flash", "math", "torch", "auto"])
+@pytest.mark.parametrize("backend", backend_names())
 @pytest.mark.parametrize(("name", "kwargs", "spec"), CASES, ids=[c[0] for c in CASES])
 def test_structured_masks_match_explicit(backend, name, kwargs, spec):
     T, S = (53, 37) if "T>S" in name else (37, 53)

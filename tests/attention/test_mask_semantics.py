@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import qkv
-from helpers import assert_close
+from helpers import assert_close, backend_names
 from qkv.attention import masks
 from qkv.attention.call import AttentionCall, make_call
 from qkv.attention.sdpa import run_call
 
-BACKENDS = ["auto", "torch", "flash", "math"]
+BACKENDS = backend_names()  # "auto" and every registered backend
 
 
 def test_qkv_masks_is_a_module():

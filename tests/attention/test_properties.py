@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import qkv
-from helpers import assert_close
+from helpers import assert_close, backend_names
 
 settings.register_profile("qkv", max_examples=40, deadline=None)
 settings.load_profile("qkv")
@@ -21,7 +21,7 @@ dims = st.fixed_dictionaries(
         "S": st.integers(1, 11),
         "D": st.integers(1, 12),
         "seed": st.integers(0, 2**16),
-        "backend": st.sampled_from(["math", "torch", "flash", "auto"]),
+        "backend": st.sampled_from(backend_names()),
         "density": st.floats(0.0, 1.0),
     }
 )

@@ -13,11 +13,11 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import CausalBias, causal_lower_right, causal_upper_left
 
 import qkv
-from helpers import assert_close
+from helpers import assert_close, backend_names
 from qkv.attention.call import make_call
 from qkv.attention.masks import check_attn_mask
 
-BACKENDS = ["auto", "torch", "flash", "math"]
+BACKENDS = backend_names()  # "auto" and every registered backend
 
 
 def test_torch_ships_one_mask_subclass():

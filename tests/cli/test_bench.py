@@ -121,13 +121,28 @@ def test_bench_command_writes_json_and_plot(tmp_path):
             str(tmp_path)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "threads=1 (fixed)" in result.output
+    assert "threads=1 (torch's setting" in result.output
+    capability = torch.backends.cpu.get_cpu_capability()
+    assert f"({capability}), 1 of " in result.output, result.output  # CPU, threads, date
     assert "quick run: tiny sizes, not graded against the targets" in result.output
     assert "not met" not in result.output and " met " not in result.output
     data = json.loads((tmp_path / "bench-quick.json").read_text())
     assert data["config"]["threads"] == 1 and data["config"]["lengths"] == [16]
+    assert data["config"]["cpu_capability"] == capability and data["config"]["date"]
+    assert data["config"]["load"] is False
+    assert all("unstable" in r["time"] for r in data["records"] if r.get("time"))
     assert data["targets"] == []
     assert (tmp_path / "bench-quick.png").stat().st_size > 10_000
+
+
+def test_bench_load_runs_a_busy_process_beside_it(tmp_path):
+    args = ["bench", "--quick", "--no-memory", "--lengths", "16", "--dtypes", "float32",
+            "--decode-lengths", "32", "--threads", "1", "--repeats", "1", "--load", "--out",
+            str(tmp_path)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "one busy process beside the measurement (--load)" in result.output
+    assert json.loads((tmp_path / "bench-quick.json").read_text())["config"]["load"] is True
 
 
 def test_bench_without_out_writes_nothing(tmp_path, monkeypatch):

@@ -1,12 +1,15 @@
 """Choose a backend for an attention call, and explain the choice.
 
-``auto`` walks :data:`PREFERENCE` (fastest first) and takes the first backend that can honour
-the call. :func:`explain` returns that decision as data: the chosen backend and, for every
-other backend, why it was not chosen.
+The backends are those of the registry (:mod:`qkv.attention.backends`, where their contract
+is written down). ``auto`` walks :data:`PREFERENCE` (fastest first) and takes the first
+backend that can honour the call; ``math`` honours every call, so the walk always ends.
+:func:`explain` returns that decision as data: the chosen backend and, for every other
+backend, why it was not chosen.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -17,13 +20,10 @@ from qkv.attention.errors import AttentionArgumentError
 
 __all__ = ["BACKENDS", "PREFERENCE", "Explanation", "decide", "select"]
 
-BACKENDS: dict[str, ModuleType] = {
-    backends.torch_kernel.NAME: backends.torch_kernel,
-    backends.flash.NAME: backends.flash,
-    backends.math.NAME: backends.math,
-}
-# Fastest first; ``auto`` takes the first that can honour the call.
-PREFERENCE: tuple[str, ...] = ("torch", "flash", "math")
+# Read-only, live views of the registry (backends.register adds to both): name -> module,
+# and the names fastest first, as ``auto`` takes them.
+BACKENDS: Mapping[str, ModuleType] = backends.REGISTRY
+PREFERENCE: Sequence[str] = backends.PREFERENCE
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ class Explanation:
         reasons: for every other backend, why it was not chosen.
         shapes: the call's ``B, H, Hkv, T, S, D, Dv`` after validation.
         costs: predicted FLOPs and peak extra memory of each backend's forward
-            (:mod:`qkv.attention.costs`).
+            (:mod:`qkv.attention.costs`); a backend with no cost model is absent, and
+            ``str()`` says "no cost model" for it. Empty when costs were not asked for.
     """
 
     chosen: str
@@ -46,13 +47,24 @@ class Explanation:
     def __str__(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in self.shapes.items())
         lines = [f"auto -> {self.chosen}" + (f"  ({dims})" if dims else "")]
-        for name in PREFERENCE:
-            cost = f"  [{self.costs[name]}]" if name in self.costs else ""
+        for name in self._names():
+            cost = self._cost(name)
             if name == self.chosen:
                 lines.append(f"  {name}: chosen{cost}")
             elif name in self.reasons:
                 lines.append(f"  {name}: not chosen, {self.reasons[name]}{cost}")
         return "\n".join(lines)
+
+    def _names(self) -> list[str]:
+        """The backends to report, in preference order (then any since unregistered)."""
+        named = [self.chosen, *self.reasons]
+        return [*(n for n in PREFERENCE if n in named), *(n for n in named if n not in PREFERENCE)]
+
+    def _cost(self, name: str) -> str:
+        """``name``'s predicted cost as printed: none at all when costs were not computed."""
+        if not self.costs:
+            return ""
+        return f"  [{self.costs[name]}]" if name in self.costs else "  [no cost model]"
 
 
 def _why_not_auto(name: str, call: AttentionCall) -> str | None:
@@ -83,7 +95,11 @@ def decide(call: AttentionCall, *, with_costs: bool = True) -> Explanation:
         "B": q.shape[0], "H": q.shape[1], "Hkv": call.num_kv_heads, "T": call.T,
         "S": call.S, "D": q.shape[3], "Dv": v.shape[3],
     }
-    costs = {name: predict(call, name) for name in PREFERENCE} if with_costs else {}
+    costs = {}
+    for name in PREFERENCE if with_costs else ():
+        cost = predict(call, name)
+        if cost is not None:  # None: a registered backend without a cost model
+            costs[name] = cost
     return Explanation(chosen=chosen, reasons=reasons, shapes=shapes, costs=costs)
 
 

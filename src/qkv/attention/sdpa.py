@@ -65,8 +65,9 @@ def scaled_dot_product_attention(
             ``h`` reads key/value head ``h // (H / Hkv)`` as in torch.
         need_weights: also return the attention weights.
         backend: ``"auto"`` (the fastest backend that can honour the call), ``"torch"``
-            (torch's fused kernel), ``"flash"`` (qkv's blockwise kernel) or ``"math"`` (the
-            textbook steps).
+            (torch's fused kernel), ``"flash"`` (qkv's blockwise kernel), ``"math"`` (the
+            textbook steps) or the name of a backend added with
+            :func:`qkv.attention.backends.register`.
         window: keyword-only extra: a sliding causal window; query ``i`` sees only the
             ``window`` keys ending at its diagonal (needs ``is_causal``).
         alibi_slopes: keyword-only extra: ``(H,)`` finite ALiBi slopes (used in float32);
