@@ -17,7 +17,7 @@ import cp_workers
 import pytest
 import torch
 
-from qkv.distributed import chunk_bounds, explain, shard_sequence
+from qkv.distributed import chunk_bounds, explain_parallel, shard_sequence
 from qkv.distributed.context import choose_method
 
 HERE = Path(__file__).resolve().parent
@@ -94,7 +94,7 @@ def test_without_a_process_group_the_error_says_how_to_launch():
 
 
 def test_explain_picks_a_method_and_counts_bytes():
-    e = explain(B=1, H=8, Hkv=8, T=4096, D=64, world_size=2)
+    e = explain_parallel(B=1, H=8, Hkv=8, T=4096, D=64, world_size=2)
     # ring forward: the K/V shard (B·Hkv·T/N·2D float32) sent N - 1 = 1 time
     assert e.ring_bytes[0] == 1 * 8 * 2048 * 128 * 4
     # ring backward: K/V once more and N = 2 hops of dK/dV
@@ -103,9 +103,9 @@ def test_explain_picks_a_method_and_counts_bytes():
     assert e.all_to_all_bytes == (int(0.5 * 2048 * 4 * 8 * 256),) * 2
     assert e.method == "all_to_all" and "fewer bytes" in e.reason
     # grouped K/V heads make the ring's traffic small: the ring is chosen
-    g = explain(B=1, H=8, Hkv=1, T=4096, D=64, world_size=2)
+    g = explain_parallel(B=1, H=8, Hkv=1, T=4096, D=64, world_size=2)
     assert g.method == "ring" and sum(g.ring_bytes) < sum(g.all_to_all_bytes), str(g)
-    r = explain(B=1, H=6, Hkv=6, T=300, D=16, world_size=4)
+    r = explain_parallel(B=1, H=6, Hkv=6, T=300, D=16, world_size=4)
     assert r.method == "ring" and r.all_to_all_bytes is None
     assert "does not split" in r.reason and "not possible" in str(r)
     assert choose_method("ring", 8, 2) == "ring"

@@ -112,8 +112,8 @@ def command(
 
 
 def _context_parallel(batch, heads, kv_heads, T, S, dim, dtype, world_size, method):
-    """``qkv.distributed.explain`` for the same call over ``world_size`` ranks."""
-    from qkv.distributed import explain as explain_parallel
+    """``qkv.distributed.explain_parallel`` for the same call over ``world_size`` ranks."""
+    from qkv.distributed import explain_parallel
     from qkv.distributed.context import METHODS
 
     if method not in METHODS:

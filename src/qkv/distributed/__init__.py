@@ -7,7 +7,7 @@ Context parallelism (the sequence split across ranks):
 * :func:`all_to_all_attention`: heads exchanged for sequence (DeepSpeed-Ulysses style);
 * :func:`shard_sequence` / :func:`gather_sequence` / :func:`sequence_positions`: the layout;
 * :func:`context_parallel`: run a model (``DecoderLM``, ``Encoder``) with its sequence
-  sharded; :func:`explain` says which method serves a call and what each rank sends.
+  sharded; :func:`explain_parallel` says which method serves a call and what each rank sends.
 
 Data parallelism (what ``qkv.train`` uses under ``torchrun``): :func:`init_distributed`,
 :class:`World`, :func:`wrap_ddp`, :func:`shard_fsdp` (FSDP2), batch shares, reductions, full
@@ -16,10 +16,10 @@ state dicts gathered for checkpoints, :class:`PeerError` when another rank fails
 
 from qkv.distributed.context import (
     ContextParallel,
-    Explanation,
+    ParallelPlan,
     choose_method,
     context_parallel,
-    explain,
+    explain_parallel,
 )
 from qkv.distributed.data_parallel import (
     PeerError,
@@ -53,7 +53,7 @@ from qkv.distributed.ulysses import all_to_all_attention
 
 __all__ = [
     "ContextParallel",
-    "Explanation",
+    "ParallelPlan",
     "PeerError",
     "World",
     "all_gather_json",
@@ -64,7 +64,7 @@ __all__ = [
     "chunk_bounds",
     "context_parallel",
     "current_world",
-    "explain",
+    "explain_parallel",
     "full_model_state",
     "full_optimizer_state",
     "gather_sequence",

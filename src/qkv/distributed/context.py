@@ -43,8 +43,8 @@ from qkv.distributed.ring import ring_call
 from qkv.distributed.ulysses import all_to_all_call
 from qkv.nn.core import AttentionCore
 
-__all__ = ["METHODS", "ContextParallel", "Explanation", "choose_method", "context_parallel",
-           "explain", "traffic"]
+__all__ = ["METHODS", "ContextParallel", "ParallelPlan", "choose_method", "context_parallel",
+           "explain_parallel", "traffic"]
 
 METHODS = ("auto", "ring", "all_to_all")
 
@@ -192,8 +192,8 @@ def _before_forward(state: ContextParallel, takes_positions: bool, args, kwargs)
 
 
 @dataclass(frozen=True)
-class Explanation:
-    """What context-parallel attention does for one call, per rank."""
+class ParallelPlan:
+    """What context-parallel attention does for one call, per rank (:func:`explain_parallel`)."""
 
     method: str
     reason: str
@@ -224,10 +224,10 @@ class Explanation:
         return "\n".join(lines)
 
 
-def explain(
+def explain_parallel(
     *, B: int, H: int, Hkv: int, T: int, D: int, world_size: int,
     dtype: torch.dtype = torch.float32, method: str = "auto", Dv: int | None = None,
-) -> Explanation:
+) -> ParallelPlan:
     """Which method serves a context-parallel call of these sizes, and its traffic per rank.
 
     Needs no process group. Volumes count tensor bytes sent by one rank holding the longest
@@ -254,4 +254,4 @@ def explain(
     else:
         reason = "auto: fewer bytes sent per rank"
     fwd, bwd = volumes[chosen]
-    return Explanation(chosen, reason, N, L, fwd, bwd, volumes["ring"], volumes.get("all_to_all"))
+    return ParallelPlan(chosen, reason, N, L, fwd, bwd, volumes["ring"], volumes.get("all_to_all"))
