@@ -59,3 +59,31 @@ def test_a_decoding_step_reads_its_inputs_once_and_no_layer_reads(style):
     assert deep <= 2, f"{style}: {deep} host reads in one padded decoding step (ids, positions)"
     plain = _reads_per_step(style, 4, [[1, 2, 3], [4, 5, 6]])
     assert plain <= 1, f"{style}: {plain} host reads in one unpadded decoding step (ids)"
+
+
+def _float_mask_reads(layers: int) -> int:
+    """Host reads of one forward whose layers all receive the same float mask (T5-style
+    relative position biases: one (1, H, T, S) bias per forward)."""
+    torch.manual_seed(0)
+    cfg = DecoderLMConfig(vocab_size=100, d_model=32, num_layers=layers, num_heads=2,
+                          max_len=64, positions="relative")
+    model = DecoderLM(cfg).eval()
+    ids = torch.randint(0, 100, (2, 9))
+    with torch.no_grad(), CountReads() as count:
+        model(ids)
+    return count.reads
+
+
+def test_a_float_mask_is_read_once_per_forward_not_per_layer():
+    assert _float_mask_reads(1) == _float_mask_reads(4)
+
+
+def test_a_mask_changed_in_place_is_checked_again():
+    import qkv
+
+    q = torch.randn(1, 2, 4, 8)
+    mask = torch.zeros(4, 4)
+    qkv.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    mask[0, 0] = float("nan")  # a new version of the same tensor
+    with pytest.raises(ValueError, match="attn_mask contains NaN"):
+        qkv.scaled_dot_product_attention(q, q, q, attn_mask=mask)

@@ -32,6 +32,7 @@ selection of heads, a slice of queries, a slice of keys.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -168,23 +169,57 @@ def check_attn_mask(
         )
     if device is not None and mask.device != device:
         raise AttentionArgumentError(f"{name} is on {mask.device} but query is on {device}")
+    given = mask
     mask = _broadcast(mask, tuple(full_shape), name)
     if mask.is_floating_point():
-        if not values_unknown(mask):  # while tracing the values cannot be read
+        # while tracing the values cannot be read; a mask already checked (a model hands the
+        # same one to every layer) is not read again
+        if not values_unknown(mask) and not _checked_before(given):
             _check_float_values(mask, name)
+            _remember(given)
         if dtype is not None:
             mask = mask.to(mask_dtype(dtype, mask.dtype))
     return mask
 
 
+# The float masks whose values were checked last: id -> (weak reference, version counter). A
+# mask changed in place since (a new version) or a new tensor at a reused id is read again.
+_CHECKED: dict[int, tuple[weakref.ref, int]] = {}
+_CHECKED_MAX = 16
+
+
+def _version(mask: Tensor) -> int | None:
+    try:
+        return mask._version
+    except RuntimeError:  # inference-mode tensors keep no version counter
+        return None
+
+
+def _checked_before(mask: Tensor) -> bool:
+    entry = _CHECKED.get(id(mask))
+    return entry is not None and entry[0]() is mask and entry[1] == _version(mask) is not None
+
+
+def _remember(mask: Tensor) -> None:
+    version = _version(mask)
+    if version is None:
+        return
+    if len(_CHECKED) >= _CHECKED_MAX:
+        _CHECKED.pop(next(iter(_CHECKED)))
+    _CHECKED[id(mask)] = (weakref.ref(mask), version)
+
+
 def _check_float_values(mask: Tensor, name: str) -> None:
+    """NaN or +inf in a float mask is refused (one read of the device; a second, to say
+    which, only when one is there)."""
+    if not bool((torch.isnan(mask) | torch.isposinf(mask)).any()):
+        return
     if torch.isnan(mask).any():
         raise AttentionArgumentError(f"{name} contains NaN; use -inf to hide a key")
-    if torch.isposinf(mask).any():
-        raise AttentionArgumentError(
-            f"{name} contains +inf, which makes the softmax NaN; use large finite "
-            "values to favour a key"
-        )
+    raise AttentionArgumentError(
+        f"{name} contains +inf, which makes the softmax NaN; use large finite "
+        "values to favour a key"
+    )
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
