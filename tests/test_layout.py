@@ -1,6 +1,6 @@
 """Size budget and layering: no file over 500 lines, imports flow downward only, no cycles.
 
-The layers and what each may import (besides itself) are the table in README.md's "Layout"
+The layers and what each may import (besides itself) are the table in docs/layout.md's "Layout"
 section; ``ALLOWED`` below is that table, and the tests hold the code to it exactly:
 
 * every folder (or single-file module) under ``src/qkv/`` is a layer named here;
@@ -114,7 +114,7 @@ def test_no_source_file_over_500_lines():
 
 def test_every_folder_is_a_known_layer():
     unknown = sorted(set(_layers_present()) - set(ALLOWED))
-    assert not unknown, f"layers missing from ALLOWED (and README's Layout table): {unknown}"
+    assert not unknown, f"layers missing from ALLOWED (and docs/layout.md's Layout table): {unknown}"
 
 
 def test_layers_import_downward_only():

@@ -6,8 +6,10 @@
   (``EXEMPT``): each ``qkv ...`` command (also under ``torchrun -m qkv``) must name a real
   subcommand whose ``--help`` works and whose options include every ``--option`` used; the
   cheap ones (``RUN``) are also run for real, in a temporary folder.
-* ```text blocks are not code to run (the context-parallel sketch needs ``torchrun`` and a
-  process group; ``tests/distributed/`` runs the same calls).
+* ```text blocks are not code to run.
+
+The helpers take a page, so ``tests/test_docs.py`` holds every ``docs/*.md`` page to the same
+rules; the performance tables ``benchmarks/readme.py`` generates are in ``docs/performance.md``.
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PERFORMANCE = ROOT / "docs" / "performance.md"
 FENCE = re.compile(r"```(\w*)\n(.*?)```", flags=re.S)
+LANGUAGES = {"python", "sh", "bash", "text"}
 
 # Commands that are not run or checked here, and why (matched by their first words).
 EXEMPT = {
@@ -34,15 +39,19 @@ RUN = {"tour"}
 # several processes (or nodes) and train.
 
 
-def blocks(language: str) -> list[str]:
-    return [body for lang, body in FENCE.findall(README.read_text()) if lang == language]
+def blocks(language: str, page: Path = README) -> list[str]:
+    return [body for lang, body in FENCE.findall(page.read_text()) if lang == language]
 
 
-def shell_commands() -> list[str]:
+def block_languages(page: Path = README) -> set[str]:
+    return {lang for lang, _ in FENCE.findall(page.read_text())}
+
+
+def shell_commands(page: Path = README) -> list[str]:
     """Each command of the sh/bash blocks: continuations joined, comments dropped, lines
     split at ``&&``, ``||`` and ``;``."""
     out = []
-    for body in blocks("sh") + blocks("bash"):
+    for body in blocks("sh", page) + blocks("bash", page):
         for line in body.replace("\\\n", " ").splitlines():
             words: list[str] = []
             for word in [*shlex.split(line, comments=True), "&&"]:
@@ -56,8 +65,8 @@ def shell_commands() -> list[str]:
 
 
 def test_readme_has_only_known_block_languages():
-    langs = {lang for lang, _ in FENCE.findall(README.read_text())}
-    assert langs <= {"python", "sh", "bash", "text"}, f"unchecked code blocks: {langs}"
+    langs = block_languages()
+    assert langs <= LANGUAGES, f"unchecked code blocks: {langs}"
 
 
 def test_readme_python_examples_run(capsys):
@@ -83,29 +92,32 @@ def _qkv_args(words: list[str]) -> list[str] | None:
     return None
 
 
-def test_readme_shell_commands_are_checked_or_exempt(tmp_path, monkeypatch):
-    typer = pytest.importorskip("typer", reason="the qkv command needs the cli extra")
-    from typer.testing import CliRunner
+def check_shell_commands(page: Path) -> int:
+    """Checks every command of ``page``'s sh/bash blocks (run in the current folder: files
+    the commands write, such as tour.html, land there); returns how many ran for real."""
+    commands = shell_commands(page)
+    if all(_qkv_args(shlex.split(c)) is None for c in commands):
+        group = runner = app = None  # only exempt commands (or none): typer is not needed
+    else:
+        typer = pytest.importorskip("typer", reason="the qkv command needs the cli extra")
+        from typer.testing import CliRunner
 
-    from qkv.cli.app import app
+        from qkv.cli.app import app
 
-    runner = CliRunner(env={"COLUMNS": "200", "TERMINAL_WIDTH": "200", "NO_COLOR": "1"})
-    group = typer.main.get_command(app)
-    monkeypatch.chdir(tmp_path)  # files the commands write (tour.html) land here
-    commands = shell_commands()
-    assert any(c.startswith("qkv ") for c in commands), "README lost its qkv commands"
+        runner = CliRunner(env={"COLUMNS": "200", "TERMINAL_WIDTH": "200", "NO_COLOR": "1"})
+        group = typer.main.get_command(app)
     ran = 0
     for line in commands:
         words = shlex.split(line)
         args = _qkv_args(words)
         if args is None:
             reason = next((r for k, r in EXEMPT.items() if line.startswith(k)), None)
-            assert reason, f"README command neither checked nor exempt: {line!r}"
+            assert reason, f"{page.name} command neither checked nor exempt: {line!r}"
             continue
         if words[0] == "torchrun":  # torchrun's own options parse (the run is not started)
             from torch.distributed.run import get_args_parser
 
-            filled = ["0" if w == "R" else w for w in words[1:]]  # the README's node rank R
+            filled = ["0" if w == "R" else w for w in words[1:]]  # the docs' node rank R
             parsed = get_args_parser().parse_args(filled)
             assert parsed.module and parsed.training_script == "qkv", line
         assert args and args[0] in group.commands, f"{line!r}: no qkv command {args[:1]}"
@@ -120,30 +132,42 @@ def test_readme_shell_commands_are_checked_or_exempt(tmp_path, monkeypatch):
             result = runner.invoke(app, args)
             assert result.exit_code == 0, f"{line!r} failed:\n{result.output[-2000:]}"
             ran += 1
-    assert ran >= 1, "no README command was run for real"
-    assert (tmp_path / "tour.html").stat().st_size > 10_000
+    return ran
+
+
+def test_readme_shell_commands_are_checked_or_exempt(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert any(c.startswith("make ") for c in shell_commands()), "README lost its commands"
+    check_shell_commands(README)
+
+
+def check_links(page: Path) -> None:
+    """No link leaves the repository; every relative link names a file that exists."""
+    text = page.read_text()
+    urls = re.findall(r"(?:https?|ftp)://\S+|www\.\S+", text)
+    assert not urls, f"{page.name} links outside the repository: {urls}"
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):  # markdown links [text](target)
+        if target.startswith("#"):
+            continue  # a heading of the same page
+        path = (page.parent / target.split("#")[0]).resolve()
+        assert path.is_relative_to(ROOT) and path.exists(), f"{page.name} link to {target!r}"
 
 
 def test_readme_links_stay_inside_the_repository():
-    text = README.read_text()
-    urls = re.findall(r"(?:https?|ftp)://\S+|www\.\S+", text)
-    assert not urls, f"README links outside the repository: {urls}"
-    root = README.parent
-    for target in re.findall(r"\]\(([^)\s]+)\)", text):  # markdown links [text](target)
-        path = (root / target.split("#")[0]).resolve()
-        assert path.is_relative_to(root) and path.exists(), f"README link to {target!r}"
+    check_links(README)
 
 
 def test_performance_tables_are_the_benchmark_results():
-    """The README's performance tables are exactly what ``benchmarks/readme.py`` renders from
+    """docs/performance.md's tables are exactly what ``benchmarks/readme.py`` renders from
     ``benchmarks/results/``: every figure there is a labelled run's, never typed in."""
     import sys
 
-    sys.path.insert(0, str(README.parent / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     import readme as tables  # benchmarks/readme.py (benchmarks/ is not a package)
 
-    text = README.read_text(encoding="utf-8")
+    assert tables.PAGE == PERFORMANCE
+    text = PERFORMANCE.read_text(encoding="utf-8")
     assert tables.replace_in(text) == text, (
-        "README.md's performance tables differ from benchmarks/results: run "
+        "docs/performance.md's tables differ from benchmarks/results: run "
         "`python benchmarks/readme.py --write`")
     assert "AVX" in tables.render(), "no labelled results in benchmarks/results"
