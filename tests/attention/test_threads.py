@@ -34,6 +34,22 @@ def test_threads_for(requested, cores, others, want):
     assert threads.threads_for(requested, cores, others) == want
 
 
+STAT = """cpu  900 0 100 1000 0 0 0 0 0 0
+cpu0 100 0 0 900 50 0 0 0 0 0
+cpu1 300 0 100 100 0 0 0 10 0 0
+cpu2 500 0 0 0 0 0 0 0 0 0
+intr 12345
+"""
+
+
+def test_busy_seconds_counts_only_this_process_s_cpus():
+    ticks = threads._CLOCK_TICKS
+    assert threads.busy_seconds(STAT, {0, 1}) == pytest.approx((100 + 410) / ticks)
+    assert threads.busy_seconds(STAT, None) == pytest.approx((100 + 410 + 500) / ticks)
+    assert threads.busy_seconds(STAT, {7}) is None
+    assert threads.busy_seconds("intr 1\n", None) is None
+
+
 def test_a_busy_process_is_seen():
     threads.others_busy(time.monotonic() - 2 * threads.SAMPLE_S)  # a fresh reading
     with busy_core(seconds=30):

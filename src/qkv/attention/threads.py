@@ -9,7 +9,8 @@ call took 2.3-3.4x its quiet time on two threads, 1.9x on one (torch.compile's k
 region per call, 1.6x). One thread on the free core is the faster choice there.
 
 :func:`fitted_threads` wraps a call: it reads how busy the machine's CPUs were over the last
-fraction of a second (``/proc/stat``) minus this process's own CPU time, and, while other
+fraction of a second (``/proc/stat``, the CPUs this process may run on) minus this process's
+own CPU time, and, while other
 processes keep ``c`` cores busy, runs the call on ``cores - round(c)`` threads (at least one,
 at most torch's setting), then restores torch's setting. The reading is taken at most every
 :data:`SAMPLE_S` seconds, so a call pays a clock read; where ``/proc/stat`` does not exist
@@ -36,8 +37,8 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["POLICIES", "SAMPLE_S", "fitted", "fitted_threads", "others_busy", "policy",
-           "set_policy", "threads_for"]
+__all__ = ["POLICIES", "SAMPLE_S", "busy_seconds", "fitted", "fitted_threads", "others_busy",
+           "policy", "set_policy", "threads_for"]
 
 POLICIES = ("adaptive", "fixed")
 SAMPLE_S = 0.1  # seconds between two readings of the machine's load
@@ -75,18 +76,36 @@ def set_policy(name: str) -> None:
     _State.policy = name
 
 
+def busy_seconds(stat: str, cpus: set[int] | None) -> float | None:
+    """CPU seconds the given CPUs spent busy since boot, from the text of ``/proc/stat``
+    (steal counts as busy: a hypervisor took it); ``cpus`` None = every CPU. None when the
+    text has none of those CPUs. Only the CPUs this process may run on count: in a container
+    pinned to 2 of a host's 64 CPUs, the other 62 are someone else's business."""
+    total, found = 0, False
+    for line in stat.splitlines():
+        head, _, rest = line.partition(" ")
+        if not head.startswith("cpu") or head == "cpu":
+            continue
+        if cpus is not None and int(head[3:]) not in cpus:
+            continue
+        ticks = [int(x) for x in rest.split()[:8]]  # user nice system idle iowait irq softirq steal
+        total += sum(ticks) - ticks[3] - ticks[4]
+        found = True
+    return total / _CLOCK_TICKS if found else None
+
+
 def _machine_busy_seconds() -> float | None:
-    """CPU seconds every core of the machine spent busy since boot (steal counts as busy:
-    a hypervisor took it), or None without ``/proc/stat``."""
+    """:func:`busy_seconds` of this process's CPUs now, or None without ``/proc/stat``."""
     try:
         with open("/proc/stat") as f:
-            fields = f.readline().split()
+            stat = f.read()
     except OSError:
         return None
-    if not fields or fields[0] != "cpu":
-        return None
-    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
-    return (sum(ticks) - ticks[3] - ticks[4]) / _CLOCK_TICKS
+    try:
+        cpus = os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        cpus = None
+    return busy_seconds(stat, cpus)
 
 
 def others_busy(now: float | None = None) -> float | None:
