@@ -8,9 +8,8 @@ the hand-offs: measured on a two-core machine with one busy process, qkv's soft-
 call took 2.3-3.4x its quiet time on two threads, 1.9x on one (torch.compile's kernel, one
 region per call, 1.6x). One thread on the free core is the faster choice there.
 
-:func:`fitted_threads` wraps a call: it reads how busy the machine's CPUs were over the last
-fraction of a second (``/proc/stat``, the CPUs this process may run on) minus this process's
-own CPU time, and, while other
+:func:`fitted_threads` wraps a call: it reads how busy this process's CPUs were over the last
+fraction of a second (``/proc/stat``) less this process's own CPU time, and, while other
 processes keep ``c`` cores busy, runs the call on ``cores - round(c)`` threads (at least one,
 at most torch's setting), then restores torch's setting. The reading is taken at most every
 :data:`SAMPLE_S` seconds, so a call pays a clock read; where ``/proc/stat`` does not exist
