@@ -31,8 +31,7 @@ import functools
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import torch
 
@@ -57,6 +56,7 @@ class _State:
     policy = _policy_from_env()
     sample: tuple[float, float, float] | None = None  # (wall, machine busy s, our CPU s)
     others = 0.0  # cores other processes kept busy over the last interval
+    cores: int | None = None  # CPUs this process may run on, read with each sample
 
 
 def policy() -> str:
@@ -122,7 +122,7 @@ def others_busy(now: float | None = None) -> float | None:
         return None
     t = os.times()
     ours = t.user + t.system
-    _State.sample = (now, busy, ours)
+    _State.sample, _State.cores = (now, busy, ours), None
     if last is not None:
         # /proc/stat counts in ticks (10 ms): a short interval is coarse, never negative
         _State.others = max(0.0, ((busy - last[1]) - (ours - last[2])) / (now - last[0]))
@@ -141,32 +141,40 @@ def threads_for(requested: int, cores: int, others: float | None) -> int:
 
 
 def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """CPUs this process may run on (read again with every load reading)."""
+    if _State.cores is None:
+        try:
+            _State.cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            _State.cores = os.cpu_count() or 1
+    return _State.cores
 
 
-@contextmanager
-def fitted_threads() -> Iterator[int]:
-    """Run the body on the threads the machine has free; yields the count used (0 while
-    tracing: the traced program keeps no thread setting)."""
-    if _State.policy != "adaptive" or torch.compiler.is_compiling() or torch.jit.is_tracing():
-        yield 0  # traced code keeps no thread setting: the caller's applies
-        return
-    requested = torch.get_num_threads()
-    if requested <= 1:
-        yield requested
-        return
-    n = threads_for(requested, _cores(), others_busy())
-    if n == requested:
-        yield n
-        return
-    torch.set_num_threads(n)
-    try:
-        yield n
-    finally:
-        torch.set_num_threads(requested)
+class fitted_threads:  # noqa: N801  (a context manager used like a function)
+    """Run the body on the threads the machine has free; ``as`` gives the count used (0 while
+    tracing: the traced program keeps no thread setting). A class, not a generator: it wraps
+    every attention call, and costs well under a microsecond when nothing changes."""
+
+    __slots__ = ("restore",)
+
+    def __enter__(self) -> int:
+        self.restore = 0
+        if _State.policy != "adaptive" or torch.compiler.is_compiling() \
+                or torch.jit.is_tracing():
+            return 0
+        requested = torch.get_num_threads()
+        if requested <= 1:
+            return requested
+        n = threads_for(requested, _cores(), others_busy())
+        if n != requested:
+            torch.set_num_threads(n)
+            self.restore = requested
+        return n
+
+    def __exit__(self, *exc) -> bool:
+        if self.restore:
+            torch.set_num_threads(self.restore)
+        return False
 
 
 def fitted(fn: Callable) -> Callable:
