@@ -13,24 +13,13 @@ What a mask means inside a call, and the kernels' helpers (dead rows, the softma
 rows, per-tile masks), stay in :mod:`qkv.attention.masks`: they are not part of this name.
 """
 
+from qkv.attention import mask_builders as _builders
+from qkv.attention import mask_lint as _lint
 from qkv.attention import mods as _mods
 from qkv.attention.flex_blocks import and_masks, noop_mask, or_masks
-from qkv.attention.masks import (
-    MaskReport,
-    causal,
-    check,
-    combine,
-    from_mha,
-    padding,
-    padding_from_ids,
-    sliding_window,
-    to_additive,
-    to_mha,
-)
+from qkv.attention.mask_builders import *  # noqa: F403
+from qkv.attention.mask_lint import *  # noqa: F403
 from qkv.attention.mods import *  # noqa: F403
 
-__all__ = [
-    "MaskReport", "causal", "check", "combine", "from_mha", "padding", "padding_from_ids",
-    "sliding_window", "to_additive", "to_mha", "and_masks", "noop_mask", "or_masks",
-    *_mods.__all__,
-]
+__all__ = [*_builders.__all__, *_lint.__all__, "and_masks", "noop_mask", "or_masks",
+           *_mods.__all__]

@@ -235,3 +235,10 @@ def test_bench_out_that_is_a_file_is_refused_before_measuring(tmp_path):
     result = runner.invoke(app, ["bench", "--quick", "--out", str(blocker)])
     assert result.exit_code != 0
     assert "is a file, not a folder" in result.output and "threads=" not in result.output
+
+
+def test_unstable_flags_a_spread_of_repeats():
+    from qkv.bench.measure import UNSTABLE_SPREAD, unstable
+
+    assert not unstable([1.0, 1.1, 1.2]) and not unstable([1.0, UNSTABLE_SPREAD, 2.0])
+    assert unstable([1.0, 1.6, 1.7]) and not unstable([0.0, 0.0])

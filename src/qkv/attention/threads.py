@@ -93,17 +93,21 @@ def busy_seconds(stat: str, cpus: set[int] | None) -> float | None:
     return total / _CLOCK_TICKS if found else None
 
 
-def _machine_busy_seconds() -> float | None:
-    """:func:`busy_seconds` of this process's CPUs now, or None without ``/proc/stat``."""
+def _affinity() -> set[int] | None:
+    """The CPUs this process may run on (None where the system does not say)."""
+    try:
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return None
+
+
+def _machine_busy_seconds(cpus: set[int] | None) -> float | None:
+    """:func:`busy_seconds` of ``cpus`` now, or None without ``/proc/stat``."""
     try:
         with open("/proc/stat") as f:
             stat = f.read()
     except OSError:
         return None
-    try:
-        cpus = os.sched_getaffinity(0)
-    except (AttributeError, OSError):
-        cpus = None
     return busy_seconds(stat, cpus)
 
 
@@ -117,12 +121,14 @@ def others_busy(now: float | None = None) -> float | None:
     last = _State.sample
     if last is not None and now - last[0] < SAMPLE_S:
         return _State.others
-    busy = _machine_busy_seconds()
+    cpus = _affinity()
+    busy = _machine_busy_seconds(cpus)
     if busy is None:
         return None
     t = os.times()
     ours = t.user + t.system
-    _State.sample, _State.cores = (now, busy, ours), None
+    _State.sample = (now, busy, ours)
+    _State.cores = len(cpus) if cpus else None
     if last is not None:
         # /proc/stat counts in ticks (10 ms): a short interval is coarse, never negative
         _State.others = max(0.0, ((busy - last[1]) - (ours - last[2])) / (now - last[0]))
@@ -141,12 +147,10 @@ def threads_for(requested: int, cores: int, others: float | None) -> int:
 
 
 def _cores() -> int:
-    """CPUs this process may run on (read again with every load reading)."""
+    """CPUs this process may run on, as read with the last load sample."""
     if _State.cores is None:
-        try:
-            _State.cores = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            _State.cores = os.cpu_count() or 1
+        cpus = _affinity()
+        _State.cores = len(cpus) if cpus else (os.cpu_count() or 1)
     return _State.cores
 
 
