@@ -48,7 +48,7 @@ The registry
 
 :data:`REGISTRY` maps each name to its module and :data:`PREFERENCE` is the order ``auto``
 tries them in, fastest first; both are read-only, live views kept by :func:`register` and
-:func:`unregister`. qkv registers ``torch``, ``flash`` and ``math``, in that order. ``math``
+:func:`unregister`. qkv registers ``torch``, ``triton`` (CUDA), ``flash`` and ``math``, in that order. ``math``
 honours every call, so it is the fallback ``auto`` always ends with and cannot be
 unregistered; a backend registered without a ``preference`` goes after it, where ``auto``
 never reaches it: it runs when named. A backend need not have a cost model
@@ -60,11 +60,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType, ModuleType
 
-from qkv.attention.backends import flash, math, torch_kernel
+from qkv.attention.backends import flash, math, torch_kernel, triton_kernel
 
 __all__ = [
     "PREFERENCE", "REGISTRY", "REQUIRED", "flash", "math", "register", "torch_kernel",
-    "unregister",
+    "triton_kernel", "unregister",
 ]
 
 # What a backend must expose, with what each is for (quoted in registration errors).
@@ -182,6 +182,6 @@ def _reorder() -> None:
     _modules.update((n, modules[n]) for n in _order)
 
 
-for _builtin in (torch_kernel, flash, math):  # the built-in backends, fastest first
+for _builtin in (torch_kernel, triton_kernel, flash, math):  # the built-in backends, fastest first
     register(_builtin)
 del _builtin

@@ -1,0 +1,157 @@
+"""The ``triton`` backend: qkv's blockwise attention as Triton GPU kernels
+(:mod:`qkv.attention.triton_kernels`), forward and backward.
+
+It honours what the ``flash`` backend honours, on CUDA tensors in float32, bfloat16 and
+float16: every mask part computed or read per tile (causal in both alignments, sliding
+windows, ALiBi, boolean and float user masks through their broadcast strides), grouped-query
+attention without repeating K or V, torch's dropout mask (the same seed drops the same
+weights as every backend), the log-sum-exp out (differentiable), weights rebuilt exactly from
+it (:func:`qkv.attention.weights.rebuild`), and the rules of the backend contract: zero
+output and gradients for a row with no visible key, NaN for a non-finite query row, empty
+batches. Decoding (``G·T`` packed rows in one tile) splits the keys across programs and merges
+the splits by log-sum-exp (flash-decoding).
+
+On CPU tensors it runs only under ``TRITON_INTERPRET=1`` (Triton's interpreter, for the test
+suite), and ``auto`` never picks it there. Under ``torch.compile`` or ``torch.func``
+transforms it declines, and ``auto`` moves on.
+
+Precision: scores and sums in float32; half-precision probabilities are rounded to the input
+dtype before the ``P·V`` product, as FlashAttention and torch's CUDA kernels do; float32 inputs
+multiply in full float32 (``"ieee"``) unless ``torch.backends.cuda.matmul.allow_tf32`` is set.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from qkv.attention.call import AttentionCall
+from qkv.attention.masks import dropout_keep, poison_rows, safe_lse
+from qkv.checks import values_unknown
+
+NAME = "triton"
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MAX_HEAD_WIDTH = 256
+
+
+@functools.cache
+def installed() -> bool:
+    """Whether the ``triton`` package imports."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def interpreting() -> bool:
+    """Whether Triton's interpreter runs the kernels (``TRITON_INTERPRET=1``): CPU tensors."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def why_not(call: AttentionCall) -> str | None:
+    """Reasons the triton backend cannot honour ``call``, or ``None``."""
+    q = call.query
+    if not installed():
+        return "the triton package is not installed (pip install triton)"
+    if q.device.type != "cuda" and not (q.device.type == "cpu" and interpreting()):
+        return f"runs on CUDA tensors (got {q.device.type}; TRITON_INTERPRET=1 runs it on CPU)"
+    if q.dtype not in _DTYPES:
+        return f"computes float32, bfloat16 and float16, not {q.dtype}"
+    if max(q.shape[-1], call.value.shape[-1]) > MAX_HEAD_WIDTH:
+        return f"head width above {MAX_HEAD_WIDTH}"
+    if call.T == 0 or call.S == 0:
+        return "empty sequence (T or S is 0)"
+    if call.need_weights and call.dropout_p > 0.0:
+        return "weights after dropout cannot be rebuilt from the log-sum-exp"
+    if values_unknown(q):
+        return "tracing (torch.compile, export or the meta device): the kernels run eagerly"
+    tensors = [t for t in (q, call.key, call.value, call.mask) if t is not None]
+    if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors):
+        return "torch.func transforms (vmap, grad) do not reach into Triton kernels"
+    return None
+
+
+def prefer_not(call: AttentionCall) -> str | None:
+    """Why ``auto`` leaves a call it could run to the next backend, or ``None``."""
+    if call.query.device.type == "cpu":
+        return "interpreted on the CPU (TRITON_INTERPRET=1): for testing, not speed"
+    return None
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """What a launch needs besides the tensors."""
+
+    scale: float
+    causal: int | None
+    window: int | None
+    alibi_shift: int
+    dropout_p: float
+
+
+def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
+    """Output ``(B, H, T, Dv)`` and, when asked, exact weights ``(B, H, T, S)``."""
+    out, weights, _ = run_lse(call)
+    return out, weights
+
+
+def run_lse(call: AttentionCall) -> tuple[Tensor, Tensor | None, Tensor]:
+    """:func:`run` plus the log-sum-exp ``(B, H, T)`` in float32 (``-inf`` on dead rows),
+    differentiable like the output."""
+    out, lse = attend(call)
+    out = poison_rows(out, call.query)
+    weights = None
+    if call.need_weights:
+        from qkv.attention.weights import rebuild
+
+        weights = rebuild(call, lse)
+    return out, weights, lse
+
+
+def attend(call: AttentionCall) -> tuple[Tensor, Tensor]:
+    """``(out (B, H, T, Dv), lse (B, H, T) float32)`` of ``call``, autograd-aware."""
+    q, k, v = call.query, call.key, call.value
+    if q.shape[0] == 0:
+        from qkv.attention.backends.flash import _empty
+
+        out, lse = _empty(call)
+        return out, lse.float()
+    keep = dropout_keep(call) if call.dropout_p > 0.0 else None
+    spec = _Spec(
+        scale=call.scale, causal=call.causal, window=call.window,
+        alibi_shift=call.alibi_shift, dropout_p=call.dropout_p,
+    )
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return _TritonFunction.apply(q, k, v, call.mask, call.alibi, keep, spec)
+    from qkv.attention.triton_launch import forward
+
+    return forward(q, k, v, call.mask, call.alibi, keep, spec)
+
+
+class _TritonFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mask, alibi, keep, spec):
+        from qkv.attention.triton_launch import forward
+
+        out, lse = forward(q, k, v, mask, alibi, keep, spec)
+        ctx.save_for_backward(q, k, v, out, lse, mask, alibi, keep)
+        ctx.spec = spec
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        from qkv.attention.triton_launch import backward
+
+        q, k, v, out, lse, mask, alibi, keep = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = backward(q, k, v, out, safe_lse(lse), dout, dlse, mask, alibi, keep,
+                              ctx.spec)
+        return dq, dk, dv, None, None, None, None

@@ -1,0 +1,169 @@
+"""Launching the Triton kernels of :mod:`qkv.attention.triton_kernels`: grids, strides, tile
+sizes, and the log-sum-exp merge of flash-decoding's key splits.
+
+Shapes: ``q (B, H, T, D)``, ``k (B, Hkv, S, D)``, ``v (B, Hkv, S, Dv)``, ``mask`` 4-D
+broadcastable to ``(B, H, T, S)`` (bool keep or float added), ``alibi (H,)`` float32,
+``keep (B, H, T, S)`` bool (dropout), ``lse (B, H, T)`` float32.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from qkv.attention import triton_kernels as kernels
+from qkv.attention.backends.triton_kernel import interpreting
+
+__all__ = ["Tiles", "backward", "forward", "tiles"]
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Tile sizes and launch options of one kernel."""
+
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << (max(1, n) - 1).bit_length())
+
+
+def tiles(kind: str, rows: int, width: int, dtype: torch.dtype) -> Tiles:
+    """Tiles for ``kind`` (``"forward"`` or ``"backward"``) of ``rows`` packed query rows and
+    head width ``width`` (the larger of ``D`` and ``Dv``, padded to a power of two).
+
+    Interpreted (CPU) runs take 16×16 tiles, so small test shapes still cross tiles. On a GPU,
+    wider heads and float32 (twice the bytes a tile) take smaller tiles to fit shared memory.
+    """
+    if interpreting():
+        return Tiles(16, 16, 1, 1)
+    width = _pow2(width)
+    wide = width > 128 or dtype == torch.float32
+    if kind == "forward":
+        m, n = (64, 32) if wide else (128, 64)
+        warps = 4 if width <= 64 else 8
+        if rows < m:  # decoding: the group's rows in one tile
+            m, warps = _pow2(rows), 4
+        return Tiles(m, n, warps, 2 if wide else 3)
+    m, n = (32, 32) if wide else (64, 64)
+    return Tiles(m, n, 4 if width <= 64 else 8, 2)
+
+
+def _precision(dtype: torch.dtype) -> str:
+    if dtype == torch.float32 and not interpreting() and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return "ieee"
+
+
+def _mask_args(mask: Tensor | None, q: Tensor) -> tuple[Tensor, int, tuple[int, ...]]:
+    """``(tensor, kind, strides)``: kind 0 none, 1 bool keep (as uint8), 2 float added;
+    a broadcast (size-1) dimension gets stride 0."""
+    if mask is None:
+        return q, 0, (0, 0, 0, 0)
+    strides = tuple(0 if n == 1 else s for n, s in zip(mask.shape, mask.stride(), strict=True))
+    if mask.dtype == torch.bool:
+        return mask.view(torch.uint8), 1, strides
+    return mask, 2, strides
+
+
+def _options(q, k, v, mask, alibi, keep, spec):
+    """Arguments shared by the three kernels: tensors, strides, sizes, flags."""
+    m, kind, mstrides = _mask_args(mask, q)
+    flags = dict(
+        MASK_KIND=kind, IS_CAUSAL=spec.causal is not None, HAS_WINDOW=spec.window is not None,
+        HAS_ALIBI=alibi is not None, HAS_DROPOUT=keep is not None,
+        PRECISION=_precision(q.dtype),
+        BLOCK_D=_pow2(q.shape[-1]), BLOCK_DV=_pow2(v.shape[-1]),
+    )
+    keep_scale = 1.0 / (1.0 - spec.dropout_p) if keep is not None else 1.0
+    scalars = (spec.scale, spec.causal or 0, spec.window or 0, spec.alibi_shift, keep_scale)
+    extras = (m, q if keep is None else keep.view(torch.uint8), q if alibi is None else alibi)
+    return extras, mstrides, scalars, flags
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _splits(q: Tensor, programs: int, S: int, block_n: int) -> int:
+    """Key splits for a launch of ``programs`` programs: enough to fill the GPU twice over,
+    with at least 256 keys (4 tiles under the interpreter) in each."""
+    units = 4 if q.device.type == "cpu" else 2 * _multiprocessors(q.device.index or 0)
+    least = 4 * block_n if q.device.type == "cpu" else 256
+    return max(1, min(-(-units // programs), S // least))
+
+
+def forward(q, k, v, mask, alibi, keep, spec) -> tuple[Tensor, Tensor]:
+    """``(out (B, H, T, Dv) in q's dtype, lse (B, H, T) float32)``."""
+    B, H, T, D = q.shape
+    Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
+    G = H // Hkv
+    extras, mstrides, scalars, flags = _options(q, k, v, mask, alibi, keep, spec)
+    t = tiles("forward", G * T, max(D, Dv), q.dtype)
+    row_blocks = -(-G * T // t.block_m)
+    n = _splits(q, row_blocks * B * Hkv, S, t.block_n) if keep is None else 1
+    split_len = -(-S // n)
+    split_len = -(-split_len // t.block_n) * t.block_n
+    n = -(-S // split_len)
+    if n == 1:
+        out = torch.empty(B, H, T, Dv, dtype=q.dtype, device=q.device)
+        lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
+        o_buf, l_buf = out[None], lse[None]  # (1, B, H, T, ·)
+    else:
+        o_buf = torch.empty(n, B, H, T, Dv, dtype=torch.float32, device=q.device)
+        l_buf = torch.empty(n, B, H, T, dtype=torch.float32, device=q.device)
+    kernels.attention_forward[(row_blocks, B * Hkv, n)](
+        q, k, v, o_buf, l_buf, *extras,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_buf.stride()[1:4],
+        *l_buf.stride()[1:3], *mstrides, o_buf.stride(0), l_buf.stride(0),
+        H, G, T, S, D, Dv, split_len, *scalars, **flags,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps, num_stages=t.stages,
+    )
+    if n == 1:
+        return out, lse
+    return _merge(o_buf, l_buf, q.dtype)
+
+
+def _merge(o: Tensor, lse: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Merge key splits ``o (n, B, H, T, Dv)``, ``lse (n, B, H, T)`` by log-sum-exp; a row no
+    split saw keeps zeros and ``-inf``."""
+    total = torch.logsumexp(lse, dim=0)  # (B, H, T), -inf where every split was dead
+    shift = total.masked_fill(torch.isneginf(total), math.inf)
+    weight = torch.exp(lse - shift)  # (n, B, H, T): 0 for dead splits and rows
+    out = (o * weight[..., None]).sum(dim=0)  # (B, H, T, Dv)
+    return out.to(dtype), total
+
+
+def backward(q, k, v, out, lse_safe, dout, dlse, mask, alibi, keep, spec):
+    """``(dq, dk, dv)`` from the forward's output and lse (``+inf`` on dead rows)."""
+    B, H, T, D = q.shape
+    Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
+    G = H // Hkv
+    delta = (dout.float() * out.float()).sum(-1)  # (B, H, T): rowsum(dO ∘ O)
+    if dlse is not None:
+        delta = delta - dlse.float()  # d lse / d s = p
+    delta = delta.contiguous()
+    lse_safe = lse_safe.float().contiguous()
+    extras, mstrides, scalars, flags = _options(q, k, v, mask, alibi, keep, spec)
+    dq = torch.empty(B, H, T, D, dtype=q.dtype, device=q.device)
+    dk = torch.empty(B, Hkv, S, D, dtype=k.dtype, device=q.device)
+    dv = torch.empty(B, Hkv, S, Dv, dtype=v.dtype, device=q.device)
+    common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3],
+              *mstrides, H, G, T, S, D, Dv, *scalars)
+    t = tiles("backward", G * T, max(D, Dv), q.dtype)
+    launch = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps, num_stages=t.stages)
+    kernels.attention_backward_dkdv[(-(-S // t.block_n), B * Hkv)](
+        q, k, v, dout, lse_safe, delta, dk, dv, *extras, *common, **flags, **launch,
+    )
+    kernels.attention_backward_dq[(-(-G * T // t.block_m), B * Hkv)](
+        q, k, v, dout, lse_safe, delta, dq, *extras, *common, **flags, **launch,
+    )
+    return dq, dk, dv
