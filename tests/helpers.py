@@ -3,9 +3,15 @@ list of attention backends every test grid runs (read from the registry)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
+
+# The device tests create tensors on: "cpu", or "cuda" under QKV_TEST_DEVICE=cuda (conftest.py
+# then makes it torch's default device too).
+DEVICE = torch.device(os.environ.get("QKV_TEST_DEVICE", "cpu"))
 
 # Tolerances per dtype for comparisons against a float64 reference or torch's own kernel.
 TOL = {
@@ -52,13 +58,16 @@ def assert_close(actual, expected, *, atol: float, rtol: float = 0.0, name: str 
 def backend_names(*, auto: bool = True) -> list[str]:
     """The attention backends a grid runs: ``["auto", *registry]``, fastest first.
 
-    Read from :data:`qkv.attention.backends.REGISTRY` when a test module is collected, so a
+    Read from :data:`qkv.attention.backends.REGISTRY` when a test module is collected (less
+    ``triton`` off CUDA), so a
     backend registered before that (``QKV_TEST_EXTRA_BACKEND=1``, tests/attention/conftest.py)
     joins every grid with no test file edited. ``auto=False`` leaves out ``"auto"``.
     """
     from qkv.attention.backends import REGISTRY
 
-    names = list(REGISTRY)
+    # On CPU the triton backend runs in Triton's interpreter, far too slow for every grid: its
+    # own grid (tests/attention/test_triton.py) checks it there. On CUDA it joins every grid.
+    names = [n for n in REGISTRY if n != "triton" or DEVICE.type == "cuda"]
     return ["auto", *names] if auto else names
 
 

@@ -47,7 +47,7 @@ def _registered_for_the_run() -> bool:
 
 
 def test_builtins_are_registered_fastest_first():
-    assert list(backends.PREFERENCE)[:3] == ["torch", "flash", "math"]
+    assert list(backends.PREFERENCE)[:4] == ["torch", "triton", "flash", "math"]
     assert dispatch.BACKENDS is backends.REGISTRY and dispatch.PREFERENCE is backends.PREFERENCE
     assert list(backends.REGISTRY) == list(backends.PREFERENCE), "one order for both views"
     assert backend_names()[:4] == ["auto", "torch", "flash", "math"]

@@ -34,15 +34,26 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """``a @ b`` accumulated in float32. ``UPCAST`` (bfloat16 under the interpreter, whose
+    bfloat16 dot is wrong in Triton 3.9) multiplies float32 copies: the same products, as
+    bfloat16 products are exact in float32."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
 def _tile_scores(
     q, k, b, h, i, j, rows_ok, cols_ok, M, SLOPES, KEEP,
     smb, smh, smt, sms, H, T, S, scale, causal, window, alibi_shift,
     MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """Scores ``(BM, BN)`` of query rows ``(b, h[r], i[r])`` against keys ``j``, scaled and
     masked (hidden: ``-inf``), and the dropout keep tile (``None`` without dropout)."""
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    s = _dot(q, tl.trans(k), PRECISION, UPCAST) * scale
     visible = rows_ok[:, None] & cols_ok[None, :]
     if IS_CAUSAL:
         visible = visible & (j[None, :] <= i[:, None] + causal)
@@ -103,6 +114,7 @@ def attention_forward(
     scale, causal, window, alibi_shift, keep_scale,
     MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
@@ -134,7 +146,7 @@ def attention_forward(
         s, keep = _tile_scores(
             q, k, b, h, i, j, rows_ok, cols_ok, M, SLOPES, KEEP, smb, smh, smt, sms,
             H, T, S, scale, causal, window, alibi_shift,
-            MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, HAS_DROPOUT, PRECISION,
+            MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, HAS_DROPOUT, PRECISION, UPCAST,
         )
         m_new = tl.maximum(m, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # dead so far: exps give 0
@@ -143,7 +155,7 @@ def attention_forward(
         l = l * alpha + tl.sum(p, 1)
         if HAS_DROPOUT:
             p = tl.where(keep, p * keep_scale, 0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
         m = m_new
     dead = l == 0.0
     out = acc / tl.where(dead, 1.0, l)[:, None]
@@ -163,6 +175,7 @@ def attention_backward_dq(
     scale, causal, window, alibi_shift, keep_scale,
     MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
@@ -198,14 +211,14 @@ def attention_backward_dq(
         s, keep = _tile_scores(
             q, k, b, h, i, j, rows_ok, cols_ok, M, SLOPES, KEEP, smb, smh, smt, sms,
             H, T, S, scale, causal, window, alibi_shift,
-            MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, HAS_DROPOUT, PRECISION,
+            MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, HAS_DROPOUT, PRECISION, UPCAST,
         )
         p = tl.math.exp2((s - lse[:, None]) * 1.4426950408889634)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        dp = _dot(do, tl.trans(v), PRECISION, UPCAST)
         if HAS_DROPOUT:
             dp = tl.where(keep, dp * keep_scale, 0.0)
         ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+        dq += _dot(ds.to(k.dtype), k, PRECISION, UPCAST)
     at = DQ + row[:, None] * D + d[None, :]
     tl.store(at, (dq * scale).to(DQ.dtype.element_ty), mask=rows_ok[:, None] & (d[None, :] < D))
 
@@ -219,6 +232,7 @@ def attention_backward_dkdv(
     scale, causal, window, alibi_shift, keep_scale,
     MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
@@ -266,17 +280,17 @@ def attention_backward_dkdv(
             s, keep = _tile_scores(
                 q, k, b, h, i, j, rows_ok, cols_ok, M, SLOPES, KEEP, smb, smh, smt, sms,
                 H, T, S, scale, causal, window, alibi_shift,
-                MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, HAS_DROPOUT, PRECISION,
+                MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, HAS_DROPOUT, PRECISION, UPCAST,
             )
             p = tl.math.exp2((s - lse[:, None]) * 1.4426950408889634)  # (BM, BN)
-            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            dp = _dot(do, tl.trans(v), PRECISION, UPCAST)
             p_applied = p
             if HAS_DROPOUT:
                 p_applied = tl.where(keep, p * keep_scale, 0.0)
                 dp = tl.where(keep, dp * keep_scale, 0.0)
-            dvacc += tl.dot(tl.trans(p_applied.to(do.dtype)), do, input_precision=PRECISION)
+            dvacc += _dot(tl.trans(p_applied.to(do.dtype)), do, PRECISION, UPCAST)
             ds = p * (dp - delta[:, None])
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+            dk += _dot(tl.trans(ds.to(q.dtype)), q, PRECISION, UPCAST)
     at = (b * Hkv + hkv) * S + j
     tl.store(DK + at[:, None] * D + d[None, :], (dk * scale).to(DK.dtype.element_ty),
              mask=cols_ok[:, None] & (d[None, :] < D))

@@ -79,7 +79,7 @@ def _options(q, k, v, mask, alibi, keep, spec):
     flags = dict(
         MASK_KIND=kind, IS_CAUSAL=spec.causal is not None, HAS_WINDOW=spec.window is not None,
         HAS_ALIBI=alibi is not None, HAS_DROPOUT=keep is not None,
-        PRECISION=_precision(q.dtype),
+        PRECISION=_precision(q.dtype), UPCAST=interpreting() and q.dtype == torch.bfloat16,
         BLOCK_D=_pow2(q.shape[-1]), BLOCK_DV=_pow2(v.shape[-1]),
     )
     keep_scale = 1.0 / (1.0 - spec.dropout_p) if keep is not None else 1.0
@@ -101,8 +101,15 @@ def _splits(q: Tensor, programs: int, S: int, block_n: int) -> int:
     return max(1, min(-(-units // programs), S // least))
 
 
+def _unit_last(t: Tensor) -> Tensor:
+    """``t`` with its last dimension contiguous, as the kernels read it (an expanded
+    gradient, such as that of ``out.sum()``, has stride 0 there)."""
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
 def forward(q, k, v, mask, alibi, keep, spec) -> tuple[Tensor, Tensor]:
     """``(out (B, H, T, Dv) in q's dtype, lse (B, H, T) float32)``."""
+    q, k, v = (_unit_last(t) for t in (q, k, v))
     B, H, T, D = q.shape
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
     G = H // Hkv
@@ -144,6 +151,7 @@ def _merge(o: Tensor, lse: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
 
 def backward(q, k, v, out, lse_safe, dout, dlse, mask, alibi, keep, spec):
     """``(dq, dk, dv)`` from the forward's output and lse (``+inf`` on dead rows)."""
+    q, k, v, dout = (_unit_last(t) for t in (q, k, v, dout))
     B, H, T, D = q.shape
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
     G = H // Hkv

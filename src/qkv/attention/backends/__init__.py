@@ -48,9 +48,9 @@ The registry
 
 :data:`REGISTRY` maps each name to its module and :data:`PREFERENCE` is the order ``auto``
 tries them in, fastest first; both are read-only, live views kept by :func:`register` and
-:func:`unregister`. qkv registers ``torch``, ``triton`` (CUDA), ``flash`` and ``math``, in that order. ``math``
-honours every call, so it is the fallback ``auto`` always ends with and cannot be
-unregistered; a backend registered without a ``preference`` goes after it, where ``auto``
+:func:`unregister`. qkv registers ``torch``, ``triton`` (CUDA), ``flash`` and ``math``, in
+that order. ``math`` honours every call, so it is the fallback ``auto`` always ends with and
+cannot be unregistered; a backend registered without a ``preference`` goes after it, where ``auto``
 never reaches it: it runs when named. A backend need not have a cost model
 (:mod:`qkv.attention.costs`): ``qkv.explain`` then says "no cost model" for it.
 """

@@ -1,0 +1,237 @@
+"""The triton backend against the math backend (float64) and the NumPy reference.
+
+Without a GPU its kernels run in Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1``,
+set by tests/conftest.py), on small shapes with 16×16 tiles, so every shape below crosses
+tiles: odd T and S, T != S, grouped and multi-query heads, decoding (T = 1, key splits merged
+by log-sum-exp), every mask part, dead rows, the lse and gradients. Under
+``QKV_TEST_DEVICE=cuda`` (make test-gpu) the same grid runs the compiled kernels.
+
+Tolerances: float32 results against float64 within 1e-5 (sums of at most a few hundred
+products of unit-size numbers: error ~ sqrt(S)·2⁻²⁴ ≈ 1e-6). Half precision: within twice the
+error torch's own math kernel has in the same dtype against float64, plus one unit in the last
+place of the output's magnitude (the kernel rounds P to the dtype once more than torch's
+math, as FlashAttention does).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import qkv
+from helpers import DEVICE, assert_close, max_error
+from qkv.attention.backends import triton_kernel
+from qkv.reference.attention import attention, attention_backward
+
+pytestmark = pytest.mark.skipif(
+    not triton_kernel.installed(), reason="the triton package is not installed"
+)
+
+# (B, H, Hkv, T, S, D, Dv)
+SHAPES = [
+    (2, 4, 4, 37, 45, 24, 24),  # odd sizes, T != S
+    (1, 4, 2, 33, 17, 16, 20),  # GQA, T > S, Dv != D
+    (2, 6, 1, 21, 50, 8, 8),  # multi-query, D below a tile
+    (1, 8, 2, 1, 150, 32, 32),  # decoding: packed group rows, key splits
+    (1, 4, 4, 3, 70, 16, 16),  # a few rows, splits
+]
+
+MASKS = ["none", "causal", "bottom-right", "window", "alibi", "bool", "float", "padding",
+         "alibi+bool+window"]
+
+
+def _inputs(shape, dtype=torch.float32, seed=0):
+    B, H, Hkv, T, S, D, Dv = shape
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(*s, generator=g, dtype=torch.float64).to(DEVICE, dtype)
+               for s in ((B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)))
+    return q, k, v
+
+
+def _mask_kwargs(kind: str, shape) -> dict:
+    B, H, _, T, S, _, _ = shape
+    g = torch.Generator().manual_seed(1)
+    kw: dict = {}
+    if kind in ("causal", "window"):
+        kw["is_causal"] = True
+    if kind == "bottom-right" or "window" in kind:
+        kw["is_causal"] = "bottom-right"
+    if "window" in kind:
+        kw["window"] = 7
+    if "alibi" in kind:
+        kw["alibi_slopes"] = torch.tensor([2.0 ** -(i + 1) for i in range(H)]).to(DEVICE)
+    if "bool" in kind:
+        keep = torch.rand(B, 1, T, S, generator=g) > 0.3
+        keep[:, :, T // 2] = False  # a dead row
+        kw["attn_mask"] = keep.to(DEVICE)
+    if kind == "float":
+        bias = torch.randn(1, H, T, S, generator=g)
+        bias[0, 0, :, : S // 3] = float("-inf")
+        kw["attn_mask"] = bias.to(DEVICE)
+    if kind == "padding":  # (B, 1, 1, S): broadcast over heads and queries
+        keep = torch.ones(B, 1, 1, S, dtype=torch.bool)
+        keep[..., S - S // 4:] = False
+        kw["attn_mask"] = keep.to(DEVICE)
+    return kw
+
+
+def _sdpa(q, k, v, backend, **kw):
+    return qkv.scaled_dot_product_attention(q, k, v, enable_gqa=True, backend=backend, **kw)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("kind", MASKS)
+def test_forward_and_gradients_equal_math_float64(shape, kind):
+    kw = _mask_kwargs(kind, shape)
+    q, k, v = (t.requires_grad_() for t in _inputs(shape))
+    out, lse = _sdpa(q, k, v, "triton", return_lse=True, **kw)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, ref_lse = _sdpa(q64, k64, v64, "math", return_lse=True, **kw)
+    assert_close(out, ref, atol=1e-5, rtol=1e-5, name=f"out {kind}")
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite), f"lse -inf rows differ ({kind})"
+    assert_close(lse[finite], ref_lse[finite], atol=1e-5, rtol=1e-5, name=f"lse {kind}")
+    g_out = torch.randn_like(ref)
+    g_lse = torch.randn_like(ref_lse).masked_fill(~finite, 0.0)
+    grads = torch.autograd.grad((out * g_out.float()).sum() + (lse * g_lse.float()).sum(),
+                                (q, k, v))
+    refs = torch.autograd.grad((ref * g_out).sum() + (ref_lse * g_lse).sum(), (q64, k64, v64))
+    for name, a, e in zip("qkv", grads, refs, strict=True):
+        assert_close(a, e, atol=2e-5, rtol=2e-5, name=f"d{name} {kind}")
+
+
+def test_forward_and_backward_equal_numpy_reference():
+    shape = (2, 3, 3, 19, 29, 16, 16)
+    q, k, v = _inputs(shape)
+    keep = torch.rand(1, 1, 19, 29, generator=torch.Generator().manual_seed(3)) > 0.4
+    qr = q.detach().requires_grad_()
+    out = _sdpa(qr, k, v, "triton", attn_mask=keep.to(DEVICE))
+    a = [t.detach().cpu().double().numpy() for t in (q, k, v)]
+    expected = attention(*a, mask=keep.numpy())[0]
+    assert_close(out, expected, atol=1e-5, rtol=1e-5, name="out vs NumPy")
+    g = torch.randn(2, 3, 19, 16, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    (dq,) = torch.autograd.grad(out, qr, g.to(DEVICE, torch.float32))
+    dq_ref = attention_backward(*a, g.numpy(), mask=keep.numpy())[0]
+    assert_close(dq, dq_ref, atol=2e-5, rtol=2e-5, name="dq vs NumPy")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", ["none", "causal", "alibi+bool+window"])
+def test_half_precision_within_twice_torch_math_error(dtype, kind):
+    shape = (2, 4, 2, 40, 56, 32, 32)
+    kw = _mask_kwargs(kind, shape)
+    q, k, v = (t.requires_grad_() for t in _inputs(shape, dtype))
+    out = _sdpa(q, k, v, "triton", **kw)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    exact = _sdpa(q64, k64, v64, "math", **kw)
+    torch_out = _sdpa(*(t.detach() for t in (q, k, v)), "math", **kw)  # same dtype
+    ulp = torch.finfo(dtype).eps * float(exact.detach().abs().max())
+    err, bound = max_error(out, exact), 2 * max_error(torch_out, exact) + ulp
+    assert err <= bound, f"{dtype} {kind}: out error {err:.3e} > {bound:.3e}"
+    g = torch.randn_like(exact)
+    grads = torch.autograd.grad(out, (q, k, v), g.to(dtype))
+    exact_grads = torch.autograd.grad(exact, (q64, k64, v64), g)
+    qh, kh, vh = (t.detach().requires_grad_() for t in (q, k, v))
+    torch_grads = torch.autograd.grad(_sdpa(qh, kh, vh, "math", **kw), (qh, kh, vh), g.to(dtype))
+    for name, a, e, t in zip("qkv", grads, exact_grads, torch_grads, strict=True):
+        ulp = torch.finfo(dtype).eps * float(e.abs().max())
+        err, bound = max_error(a, e), 2 * max_error(t, e) + 2 * ulp
+        assert err <= bound, f"{dtype} {kind}: d{name} error {err:.3e} > {bound:.3e}"
+
+
+def test_dropout_drops_what_flash_drops_with_the_same_seed():
+    shape = (1, 2, 2, 20, 24, 16, 16)
+    q, k, v = (t.requires_grad_() for t in _inputs(shape))
+    results = {}
+    for backend in ("triton", "flash"):
+        torch.manual_seed(7)
+        out = _sdpa(q, k, v, backend, dropout_p=0.3, is_causal=True)
+        results[backend] = (out, *torch.autograd.grad(out.sum(), (q, k, v)))
+    for name, a, e in zip(("out", "dq", "dk", "dv"), *results.values(), strict=True):
+        assert_close(a, e, atol=1e-5, rtol=1e-5, name=f"dropout {name}")
+
+
+def test_weights_are_exact_and_rows_with_no_key_are_zero():
+    shape = (1, 2, 1, 9, 33, 16, 16)
+    kw = _mask_kwargs("alibi+bool+window", shape)
+    q, k, v = _inputs(shape)
+    out, w = _sdpa(q, k, v, "triton", need_weights=True, **kw)
+    _, w_ref = _sdpa(q.double(), k.double(), v.double(), "math", need_weights=True, **kw)
+    assert_close(w, w_ref, atol=1e-6, name="weights")
+    dead = w_ref.sum(-1) == 0
+    assert dead.any(), "the mask must leave a row with no key"
+    assert (out[dead] == 0).all() and (w[dead] == 0).all()
+
+
+def test_non_finite_query_row_is_nan_and_others_are_unchanged():
+    q, k, v = _inputs((1, 2, 2, 17, 20, 16, 16))
+    q[0, 1, 3, 0] = float("inf")
+    out = _sdpa(q, k, v, "triton")
+    assert out[0, 1, 3].isnan().all()
+    ref = _sdpa(q.double(), k.double(), v.double(), "math")
+    ok = torch.ones_like(out, dtype=torch.bool)
+    ok[0, 1, 3] = False
+    assert_close(out[ok], ref[ok], atol=1e-5, rtol=1e-5, name="finite rows")
+
+
+def test_empty_batch_gives_empty_results_and_gradients():
+    q, k, v = (t[:0].requires_grad_() for t in _inputs((1, 2, 2, 5, 6, 16, 16)))
+    out = _sdpa(q, k, v, "triton", is_causal=True)
+    assert out.shape == (0, 2, 5, 16)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert [tuple(g.shape) for g in grads] == [tuple(t.shape) for t in (q, k, v)]
+
+
+def test_gradient_of_a_sum_reads_an_expanded_output_gradient():
+    """``out.sum()`` hands the backward a stride-0 gradient: the kernels must not read it as
+    a contiguous one."""
+    q, k, v = (t.requires_grad_() for t in _inputs((1, 2, 2, 20, 24, 16, 16)))
+    grads = torch.autograd.grad(_sdpa(q, k, v, "triton").sum(), (q, k, v))
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    refs = torch.autograd.grad(_sdpa(q64, k64, v64, "math").sum(), (q64, k64, v64))
+    for name, a, e in zip("qkv", grads, refs, strict=True):
+        assert_close(a, e, atol=2e-5, rtol=2e-5, name=f"d{name} of out.sum()")
+
+
+def test_strided_inputs_and_a_long_key_sequence_with_splits():
+    """Non-contiguous q/k/v (a (B, T, H, D) layout transposed) and S over many tiles."""
+    B, H, T, S, D = 1, 2, 2, 300, 16
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(B, T, H, D, generator=g).to(DEVICE).transpose(1, 2)
+    k = torch.randn(B, S, H, D, generator=g).to(DEVICE).transpose(1, 2)
+    v = torch.randn(B, S, H, D, generator=g).to(DEVICE).transpose(1, 2)
+    out = _sdpa(q, k, v, "triton", is_causal="bottom-right", window=100)
+    ref = _sdpa(q.double(), k.double(), v.double(), "math", is_causal="bottom-right", window=100)
+    assert_close(out, ref, atol=1e-5, rtol=1e-5, name="strided, windowed decode")
+
+
+def test_why_not_names_the_device_and_dtype(monkeypatch):
+    q, k, v = _inputs((1, 2, 2, 4, 4, 16, 16))
+    explanation = qkv.explain(q.double(), k.double(), v.double())
+    assert "triton" in explanation.reasons
+    assert "float64" in explanation.reasons["triton"]
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    if DEVICE.type == "cpu":
+        reason = qkv.explain(q, k, v).reasons["triton"]
+        assert "runs on CUDA tensors" in reason, reason
+        with pytest.raises(ValueError, match="backend='triton' cannot honour this call"):
+            _sdpa(q, k, v, "triton")
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="auto picks triton on CUDA by design")
+def test_auto_never_picks_the_interpreter():
+    q, k, v = _inputs((1, 2, 2, 4, 4, 16, 16))
+    explanation = qkv.explain(q, k, v, alibi_slopes=torch.tensor([0.5, 0.25]))
+    assert explanation.chosen != "triton"
+    assert "for testing" in explanation.reasons["triton"]
+
+
+def test_scale_and_large_scores_stay_exact():
+    """A big scale pushes scores to ~1e3: the running max must keep every exp in range."""
+    q, k, v = _inputs((1, 2, 2, 18, 40, 16, 16))
+    kw = dict(scale=50.0 / math.sqrt(16), is_causal=True)
+    out = _sdpa(q, k, v, "triton", **kw)
+    ref = _sdpa(q.double(), k.double(), v.double(), "math", **kw)
+    assert_close(out, ref, atol=5e-5, rtol=1e-4, name="large scores")
