@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test test-avx2 fuzz lint bench clean browser speech
+.PHONY: demo test test-avx2 test-gpu gpu-check fuzz lint bench clean browser speech
 
 demo: $(VENV)/.stamp-demo
 	$(BIN)/qkv demo
@@ -35,6 +35,17 @@ test-avx2: $(VENV)/.stamp-test
 	  TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-avx2 \
 	  $(BIN)/python -m pytest -n 2 -q -p no:cacheprovider $(NUMERIC_TESTS); \
 	fi
+
+# On a machine with a CUDA GPU, with the machine's own CUDA torch and triton (GPU_PYTHON):
+# `make test-gpu` runs the CUDA test subset (CUDA as the tests' default device, the triton
+# backend compiled instead of interpreted); `make gpu-check` runs it and then the GPU
+# benchmarks (benchmarks/gpu.py), in under 8 minutes on one H100/H200.
+GPU_PYTHON ?= python3
+test-gpu:
+	QKV_TEST_DEVICE=cuda PYTHONPATH=$(CURDIR)/src $(GPU_PYTHON) -m pytest -n 6 -q \
+	  -p no:cacheprovider $$(cat tests/cuda_subset.txt)
+gpu-check:
+	PYTHON=$(GPU_PYTHON) benchmarks/gpu_check.sh
 
 # Thousands of hostile files (random bytes, truncations, bit flips, hostile JSON values) through
 # every file reader; `make test` runs a few hundred of the same examples (tests/fuzz).

@@ -45,7 +45,7 @@ MASKS = ["none", "causal", "bottom-right", "window", "alibi", "bool", "float", "
 def _inputs(shape, dtype=torch.float32, seed=0):
     B, H, Hkv, T, S, D, Dv = shape
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(*s, generator=g, dtype=torch.float64).to(DEVICE, dtype)
+    q, k, v = (torch.randn(*s, generator=g, dtype=torch.float64, device="cpu").to(DEVICE, dtype)
                for s in ((B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv)))
     return q, k, v
 
@@ -63,11 +63,11 @@ def _mask_kwargs(kind: str, shape) -> dict:
     if "alibi" in kind:
         kw["alibi_slopes"] = torch.tensor([2.0 ** -(i + 1) for i in range(H)]).to(DEVICE)
     if "bool" in kind:
-        keep = torch.rand(B, 1, T, S, generator=g) > 0.3
+        keep = torch.rand(B, 1, T, S, generator=g, device="cpu") > 0.3
         keep[:, :, T // 2] = False  # a dead row
         kw["attn_mask"] = keep.to(DEVICE)
     if kind == "float":
-        bias = torch.randn(1, H, T, S, generator=g)
+        bias = torch.randn(1, H, T, S, generator=g, device="cpu")
         bias[0, 0, :, : S // 3] = float("-inf")
         kw["attn_mask"] = bias.to(DEVICE)
     if kind == "padding":  # (B, 1, 1, S): broadcast over heads and queries
@@ -105,13 +105,14 @@ def test_forward_and_gradients_equal_math_float64(shape, kind):
 def test_forward_and_backward_equal_numpy_reference():
     shape = (2, 3, 3, 19, 29, 16, 16)
     q, k, v = _inputs(shape)
-    keep = torch.rand(1, 1, 19, 29, generator=torch.Generator().manual_seed(3)) > 0.4
+    keep = torch.rand(1, 1, 19, 29, generator=torch.Generator().manual_seed(3), device="cpu") > 0.4
     qr = q.detach().requires_grad_()
     out = _sdpa(qr, k, v, "triton", attn_mask=keep.to(DEVICE))
     a = [t.detach().cpu().double().numpy() for t in (q, k, v)]
     expected = attention(*a, mask=keep.numpy())[0]
     assert_close(out, expected, atol=1e-5, rtol=1e-5, name="out vs NumPy")
-    g = torch.randn(2, 3, 19, 16, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    g = torch.randn(2, 3, 19, 16, generator=torch.Generator().manual_seed(4), dtype=torch.float64,
+                    device="cpu")
     (dq,) = torch.autograd.grad(out, qr, g.to(DEVICE, torch.float32))
     dq_ref = attention_backward(*a, g.numpy(), mask=keep.numpy())[0]
     assert_close(dq, dq_ref, atol=2e-5, rtol=2e-5, name="dq vs NumPy")
@@ -199,9 +200,9 @@ def test_strided_inputs_and_a_long_key_sequence_with_splits():
     """Non-contiguous q/k/v (a (B, T, H, D) layout transposed) and S over many tiles."""
     B, H, T, S, D = 1, 2, 2, 300, 16
     g = torch.Generator().manual_seed(5)
-    q = torch.randn(B, T, H, D, generator=g).to(DEVICE).transpose(1, 2)
-    k = torch.randn(B, S, H, D, generator=g).to(DEVICE).transpose(1, 2)
-    v = torch.randn(B, S, H, D, generator=g).to(DEVICE).transpose(1, 2)
+    q = torch.randn(B, T, H, D, generator=g, device="cpu").to(DEVICE).transpose(1, 2)
+    k = torch.randn(B, S, H, D, generator=g, device="cpu").to(DEVICE).transpose(1, 2)
+    v = torch.randn(B, S, H, D, generator=g, device="cpu").to(DEVICE).transpose(1, 2)
     out = _sdpa(q, k, v, "triton", is_causal="bottom-right", window=100)
     ref = _sdpa(q.double(), k.double(), v.double(), "math", is_causal="bottom-right", window=100)
     assert_close(out, ref, atol=1e-5, rtol=1e-5, name="strided, windowed decode")

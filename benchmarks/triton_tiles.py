@@ -1,0 +1,94 @@
+"""Sweep the triton backend's tile sizes on a GPU, beside torch's flash SDPA in the same run.
+
+    python benchmarks/triton_tiles.py [--T 4096] [--D 128] [--out tiles.json]
+
+For B=4, H=16, T=S, bfloat16, causal and not: the forward of each (BLOCK_M, BLOCK_N, warps,
+stages) in FORWARD and the backward of each in BACKWARD, timed with
+``triton.testing.do_bench`` (median ms), with TFLOP/s and the ratio to torch's flash kernel.
+What it prints is what :func:`qkv.attention.triton_launch.tiles` is chosen from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+FORWARD = [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4),
+           (64, 128, 4, 3), (128, 64, 8, 4), (128, 128, 8, 2)]
+BACKWARD = [(64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 4, 3), (64, 128, 8, 2), (32, 128, 8, 2),
+            (128, 64, 8, 2), (64, 64, 4, 3)]
+
+
+def _bench(fn) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=10, rep=40))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--T", type=int, default=4096)
+    p.add_argument("--D", type=int, default=128)
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    import qkv
+    from qkv.attention import triton_launch
+    from qkv.attention.triton_launch import Tiles
+
+    B, H, T, D = 4, 16, a.T, a.D
+    dev = torch.device("cuda")
+    q, k, v = (torch.randn(B, H, T, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    do = torch.randn_like(q)
+    records = []
+    chosen = triton_launch.tiles
+    print(f"{torch.cuda.get_device_name()}  B={B} H={H} T=S={T} D={D} bf16")
+    for causal in (False, True):
+        flops = 4 * B * H * T * T * D * (0.5 if causal else 1.0)
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        ref_f = _bench(lambda c=causal: F.scaled_dot_product_attention(q, k, v, is_causal=c))
+        out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+        ins = (qg, kg, vg)
+        ref_b = _bench(lambda o=out, i=ins: torch.autograd.grad(o, i, do, retain_graph=True))
+        print(f"causal={causal}: torch flash fwd {ref_f:.3f} ms ({flops / ref_f / 1e9:.0f} "
+              f"TFLOP/s), bwd {ref_b:.3f} ms")
+        for kind, configs, ref in (("forward", FORWARD, ref_f), ("backward", BACKWARD, ref_b)):
+            for m, n, w, s in configs:
+                forced = Tiles(m, n, w, s)
+
+                def tiles(which, rows, width, dtype, _f=forced, _k=kind):
+                    return _f if which == _k else chosen(which, rows, width, dtype)
+
+                triton_launch.tiles = tiles
+                try:
+                    if kind == "forward":
+                        ms = _bench(lambda c=causal: qkv.scaled_dot_product_attention(
+                            q, k, v, is_causal=c, backend="triton"))
+                    else:
+                        o = qkv.scaled_dot_product_attention(qg, kg, vg, is_causal=causal,
+                                                             backend="triton")
+                        ms = _bench(lambda o=o, i=ins: torch.autograd.grad(
+                            o, i, do, retain_graph=True))
+                    note = f"{ms:.3f} ms  x{ref / ms:.2f} of torch"
+                except Exception as e:  # a config that does not fit shared memory
+                    ms, note = None, f"{type(e).__name__}: {str(e)[:80]}"
+                finally:
+                    triton_launch.tiles = chosen
+                print(f"  {kind:8s} causal={causal!s:5s} {m:3d}x{n:<3d} w{w} s{s}: {note}")
+                records.append(dict(kind=kind, causal=causal, tiles=[m, n, w, s], ms=ms,
+                                    torch_ms=ref))
+    if a.out:
+        tmp = a.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), T=T, D=D, records=records), f,
+                      indent=1)
+        os.replace(tmp, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
