@@ -52,7 +52,7 @@ def _tile_scores(
     UPCAST: tl.constexpr,
 ):
     """Scores ``(BM, BN)`` of query rows ``(b, h[r], i[r])`` against keys ``j``, scaled and
-    masked (hidden: ``-inf``), and the dropout keep tile (``None`` without dropout)."""
+    masked (hidden: ``-inf``), and the dropout keep tile (meaningless without dropout)."""
     s = _dot(q, tl.trans(k), PRECISION, UPCAST) * scale
     visible = rows_ok[:, None] & cols_ok[None, :]
     if IS_CAUSAL:
@@ -71,7 +71,7 @@ def _tile_scores(
         else:
             s = s + tl.load(M + where, mask=visible, other=0.0).to(tl.float32)
     s = tl.where(visible, s, float("-inf"))
-    keep = None
+    keep = visible  # unused without dropout (a compiled kernel cannot return None)
     if HAS_DROPOUT:
         row = (b * H + h[:, None].to(tl.int64)) * T + i[:, None].to(tl.int64)
         keep = tl.load(KEEP + row * S + j[None, :], mask=visible, other=0) != 0

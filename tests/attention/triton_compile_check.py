@@ -1,0 +1,88 @@
+"""Compile the triton backend's kernels for NVIDIA GPUs without one: Triton's front end and
+LLVM down to PTX (and ptxas to a cubin where Triton ships it), for Hopper (sm_90) and Ampere
+(sm_80). The interpreter that runs the kernels on CPU never compiles them, so an error only a
+compiler sees (a value that has no IR type, a shape that does not lower) would otherwise first
+show on a GPU. Run as a script (tests/attention/test_triton.py runs it without
+TRITON_INTERPRET); prints one line per variant and exits non-zero on the first failure.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from qkv.attention import triton_kernels as K
+
+FLAGS = ("MASK_KIND", "IS_CAUSAL", "HAS_WINDOW", "HAS_ALIBI", "HAS_DROPOUT")
+POINTERS = {"KEEP": "*u8", "SLOPES": "*fp32", "L": "*fp32", "LSE": "*fp32",
+            "DELTA": "*fp32"}
+FLOATS = {"scale", "keep_scale"}
+
+
+TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV_"}  # in the inputs' dtype
+CONSTEXPRS = {"BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "PRECISION", "UPCAST", *FLAGS}
+INTS = {"H", "G", "T", "S", "D", "DV", "split_len", "causal", "window", "alibi_shift"}
+
+
+def _signature(fn, dtype: str, mask_kind: int) -> dict[str, str]:
+    """Triton's type of each argument: pointers, 32-bit sizes, 64-bit strides, floats."""
+    sig = {}
+    for name in fn.arg_names:
+        if name in CONSTEXPRS:
+            sig[name] = "constexpr"
+        elif name == "M":
+            sig[name] = {0: dtype, 1: "*u8", 2: "*fp32"}[mask_kind]
+        elif name in TENSORS:
+            sig[name] = dtype
+        elif name in POINTERS:
+            sig[name] = POINTERS[name]
+        elif name in INTS:
+            sig[name] = "i32"
+        else:
+            sig[name] = "fp32" if name in FLOATS else "i64"
+    return sig
+
+
+def variants():
+    """(kernel, dtype, flags, tiles, warps): every flag on and off across a few variants."""
+    combos = [(0, 0, 0, 0, 0), (1, 1, 1, 1, 1), (2, 1, 0, 1, 0), (0, 1, 0, 0, 1)]
+    kernels = (K.attention_forward, K.attention_backward_dq, K.attention_backward_dkdv)
+    for fn, (dtype, flags) in itertools.product(
+        kernels, [("*bf16", combos[0]), ("*bf16", combos[1]), ("*fp16", combos[2]),
+                  ("*fp32", combos[3])]
+    ):
+        tiles = (128, 64) if fn is K.attention_forward and dtype != "*fp32" else (64, 64)
+        yield fn, dtype, dict(zip(FLAGS, flags, strict=True)), tiles, 8
+
+
+def main() -> int:
+    hopper, ampere = GPUTarget("cuda", 90, 32), GPUTarget("cuda", 80, 32)
+    every = list(variants())
+    for target, chosen in ((hopper, every), (ampere, every[1::4])):  # Ampere: one per kernel
+        for fn, dtype, flags, (bm, bn), warps in chosen:
+            constexprs = dict(flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=128, BLOCK_DV=128,
+                              PRECISION="ieee" if dtype == "*fp32" else "tf32", UPCAST=False)
+            constexprs["IS_CAUSAL"] = bool(constexprs["IS_CAUSAL"])
+            for f in ("HAS_WINDOW", "HAS_ALIBI", "HAS_DROPOUT"):
+                constexprs[f] = bool(constexprs[f])
+            src = ASTSource(fn, _signature(fn, dtype, flags["MASK_KIND"]), constexprs)
+            label = f"sm_{target.arch} {fn.__name__} {dtype[1:]} {flags}"
+            try:
+                triton.compile(src, target=target, options=dict(num_warps=warps,
+                                                                num_stages=2))
+            except Exception as e:
+                print(f"FAILED {label}: {type(e).__name__}: {e}")
+                return 1
+            print(f"ok {label}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
