@@ -170,14 +170,17 @@ def test_weights_are_exact_and_rows_with_no_key_are_zero():
     assert (out[dead] == 0).all() and (w[dead] == 0).all()
 
 
-def test_non_finite_query_row_is_nan_and_others_are_unchanged():
-    q, k, v = _inputs((1, 2, 2, 17, 20, 16, 16))
-    q[0, 1, 3, 0] = float("inf")
+@pytest.mark.parametrize("shape", [(1, 2, 2, 17, 20, 16, 16), (1, 4, 2, 1, 150, 16, 16)],
+                         ids=["prefill", "decode-splits"])
+def test_non_finite_query_row_is_nan_and_others_are_unchanged(shape):
+    q, k, v = _inputs(shape)
+    row = min(3, shape[3] - 1)
+    q[0, 1, row, 0] = float("inf")
     out = _sdpa(q, k, v, "triton")
-    assert out[0, 1, 3].isnan().all()
+    assert out[0, 1, row].isnan().all()
     ref = _sdpa(q.double(), k.double(), v.double(), "math")
     ok = torch.ones_like(out, dtype=torch.bool)
-    ok[0, 1, 3] = False
+    ok[0, 1, row] = False
     assert_close(out[ok], ref[ok], atol=1e-5, rtol=1e-5, name="finite rows")
 
 
@@ -254,4 +257,4 @@ def test_kernels_compile_for_hopper_and_ampere_without_a_gpu():
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.stdout.count("ok sm_90") == 12 and done.stdout.count("ok sm_80") == 3
+    assert done.stdout.count("ok sm_90") == 10 and done.stdout.count("ok sm_80") == 3

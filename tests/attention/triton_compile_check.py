@@ -18,6 +18,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from qkv.attention import triton_backward as KB
 from qkv.attention import triton_kernels as K
 
 FLAGS = ("MASK_KIND", "IS_CAUSAL", "HAS_WINDOW", "HAS_ALIBI", "HAS_DROPOUT")
@@ -27,7 +28,8 @@ FLOATS = {"scale", "keep_scale"}
 
 
 TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV_"}  # in the inputs' dtype
-CONSTEXPRS = {"BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "PRECISION", "UPCAST", *FLAGS}
+CONSTEXPRS = {"BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "PRECISION", "UPCAST", "EVEN_D",
+              *FLAGS}
 INTS = {"H", "G", "T", "S", "D", "DV", "split_len", "causal", "window", "alibi_shift"}
 
 
@@ -53,7 +55,7 @@ def _signature(fn, dtype: str, mask_kind: int) -> dict[str, str]:
 def variants():
     """(kernel, dtype, flags, tiles, warps): every flag on and off across a few variants."""
     combos = [(0, 0, 0, 0, 0), (1, 1, 1, 1, 1), (2, 1, 0, 1, 0), (0, 1, 0, 0, 1)]
-    kernels = (K.attention_forward, K.attention_backward_dq, K.attention_backward_dkdv)
+    kernels = (K.attention_forward, KB.attention_backward_dq, KB.attention_backward_dkdv)
     for fn, (dtype, flags) in itertools.product(
         kernels, [("*bf16", combos[0]), ("*bf16", combos[1]), ("*fp16", combos[2]),
                   ("*fp32", combos[3])]
@@ -62,13 +64,25 @@ def variants():
         yield fn, dtype, dict(zip(FLAGS, flags, strict=True)), tiles, 8
 
 
+def _merge(target) -> str:
+    """Compile the split merge (float32 partials into bfloat16); its label."""
+    sig = {"O_PART": "*fp32", "L_PART": "*fp32", "O": "*bf16", "L": "*fp32", "n": "i32",
+           "rows": "i32", "DV": "i32", "BLOCK_R": "constexpr", "BLOCK_DV": "constexpr"}
+    src = ASTSource(K.merge_splits, sig, dict(BLOCK_R=64, BLOCK_DV=128))
+    triton.compile(src, target=target, options=dict(num_warps=4))
+    return f"sm_{target.arch} merge_splits bf16"
+
+
 def main() -> int:
     hopper, ampere = GPUTarget("cuda", 90, 32), GPUTarget("cuda", 80, 32)
     every = list(variants())
-    for target, chosen in ((hopper, every), (ampere, every[1::4])):  # Ampere: one per kernel
+    # Hopper: each kernel with every flag off, every flag on, float32; Ampere: every flag on.
+    chosen_hopper = [v for n, v in enumerate(every) if n % 4 != 2]
+    for target, chosen in ((hopper, chosen_hopper), (ampere, every[1::4])):
         for fn, dtype, flags, (bm, bn), warps in chosen:
             constexprs = dict(flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=128, BLOCK_DV=128,
-                              PRECISION="ieee" if dtype == "*fp32" else "tf32", UPCAST=False)
+                              PRECISION="ieee" if dtype == "*fp32" else "tf32", UPCAST=False,
+                              EVEN_D=flags["MASK_KIND"] != 2)
             constexprs["IS_CAUSAL"] = bool(constexprs["IS_CAUSAL"])
             for f in ("HAS_WINDOW", "HAS_ALIBI", "HAS_DROPOUT"):
                 constexprs[f] = bool(constexprs[f])
@@ -81,6 +95,11 @@ def main() -> int:
                 print(f"FAILED {label}: {type(e).__name__}: {e}")
                 return 1
             print(f"ok {label}")
+    try:
+        print(f"ok {_merge(hopper)}")
+    except Exception as e:
+        print(f"FAILED merge_splits: {type(e).__name__}: {e}")
+        return 1
     return 0
 
 

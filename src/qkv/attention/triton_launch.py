@@ -1,5 +1,6 @@
-"""Launching the Triton kernels of :mod:`qkv.attention.triton_kernels`: grids, strides, tile
-sizes, and the log-sum-exp merge of flash-decoding's key splits.
+"""Launching the Triton kernels of :mod:`qkv.attention.triton_kernels` and
+:mod:`qkv.attention.triton_backward`: grids, strides, tile sizes, and the log-sum-exp merge of
+flash-decoding's key splits.
 
 Shapes: ``q (B, H, T, D)``, ``k (B, Hkv, S, D)``, ``v (B, Hkv, S, Dv)``, ``mask`` 4-D
 broadcastable to ``(B, H, T, S)`` (bool keep or float added), ``alibi (H,)`` float32,
@@ -9,13 +10,12 @@ broadcastable to ``(B, H, T, S)`` (bool keep or float added), ``alibi (H,)`` flo
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from qkv.attention import triton_kernels as kernels
+from qkv.attention import triton_backward, triton_kernels
 from qkv.attention.backends.triton_kernel import interpreting
 
 __all__ = ["Tiles", "backward", "forward", "tiles"]
@@ -82,6 +82,7 @@ def _options(q, k, v, mask, alibi, keep, spec):
         PRECISION=_precision(q.dtype), UPCAST=interpreting() and q.dtype == torch.bfloat16,
         BLOCK_D=_pow2(q.shape[-1]), BLOCK_DV=_pow2(v.shape[-1]),
     )
+    flags["EVEN_D"] = flags["BLOCK_D"] == q.shape[-1] and flags["BLOCK_DV"] == v.shape[-1]
     keep_scale = 1.0 / (1.0 - spec.dropout_p) if keep is not None else 1.0
     scalars = (spec.scale, spec.causal or 0, spec.window or 0, spec.alibi_shift, keep_scale)
     extras = (m, q if keep is None else keep.view(torch.uint8), q if alibi is None else alibi)
@@ -127,7 +128,7 @@ def forward(q, k, v, mask, alibi, keep, spec) -> tuple[Tensor, Tensor]:
     else:
         o_buf = torch.empty(n, B, H, T, Dv, dtype=torch.float32, device=q.device)
         l_buf = torch.empty(n, B, H, T, dtype=torch.float32, device=q.device)
-    kernels.attention_forward[(row_blocks, B * Hkv, n)](
+    triton_kernels.attention_forward[(row_blocks, B * Hkv, n)](
         q, k, v, o_buf, l_buf, *extras,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_buf.stride()[1:4],
         *l_buf.stride()[1:3], *mstrides, o_buf.stride(0), l_buf.stride(0),
@@ -136,18 +137,13 @@ def forward(q, k, v, mask, alibi, keep, spec) -> tuple[Tensor, Tensor]:
     )
     if n == 1:
         return out, lse
-    return _merge(o_buf, l_buf, q.dtype)
-
-
-def _merge(o: Tensor, lse: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Merge key splits ``o (n, B, H, T, Dv)``, ``lse (n, B, H, T)`` by log-sum-exp; a row no
-    split saw keeps zeros and ``-inf``."""
-    total = torch.logsumexp(lse, dim=0)  # (B, H, T), -inf where every split was dead
-    shift = total.masked_fill(torch.isneginf(total), math.inf)
-    weight = torch.exp(lse - shift)  # (n, B, H, T): 0 for dead splits and rows
-    out = (o * weight[..., None]).sum(dim=0)  # (B, H, T, Dv)
-    return out.to(dtype), total
-
+    out = torch.empty(B, H, T, Dv, dtype=q.dtype, device=q.device)
+    lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
+    rows, block = B * H * T, 16 if interpreting() else 64
+    triton_kernels.merge_splits[(-(-rows // block),)](
+        o_buf, l_buf, out, lse, n, rows, Dv, BLOCK_R=block, BLOCK_DV=_pow2(Dv), num_warps=4,
+    )
+    return out, lse
 
 def backward(q, k, v, out, lse_safe, dout, dlse, mask, alibi, keep, spec):
     """``(dq, dk, dv)`` from the forward's output and lse (``+inf`` on dead rows)."""
@@ -168,10 +164,10 @@ def backward(q, k, v, out, lse_safe, dout, dlse, mask, alibi, keep, spec):
               *mstrides, H, G, T, S, D, Dv, *scalars)
     t = tiles("backward", G * T, max(D, Dv), q.dtype)
     launch = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps, num_stages=t.stages)
-    kernels.attention_backward_dkdv[(-(-S // t.block_n), B * Hkv)](
+    triton_backward.attention_backward_dkdv[(-(-S // t.block_n), B * Hkv)](
         q, k, v, dout, lse_safe, delta, dk, dv, *extras, *common, **flags, **launch,
     )
-    kernels.attention_backward_dq[(-(-G * T // t.block_m), B * Hkv)](
+    triton_backward.attention_backward_dq[(-(-G * T // t.block_m), B * Hkv)](
         q, k, v, dout, lse_safe, delta, dq, *extras, *common, **flags, **launch,
     )
     return dq, dk, dv
