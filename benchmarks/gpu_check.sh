@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# `make gpu-check`: on a machine with a CUDA GPU, the CUDA test subset, then the GPU benchmarks
-# (benchmarks/gpu.py). Fits in 8 minutes on one H100/H200. It uses the machine's own python
-# with CUDA torch and triton (PYTHON=...), and qkv from src/ (nothing is installed).
-# Logs and JSON go to $OUT (default benchmarks/results); the JSON is named after the GPU.
+# `make gpu-check`: on a machine with a CUDA GPU, the CUDA test subset, the triton backend's tile
+# sweep, then the GPU benchmarks (benchmarks/gpu.py); under 8 minutes on one H100/H200. It uses
+# the machine's own python with CUDA torch and triton (PYTHON=...) and qkv from src/ (nothing
+# is installed). Logs and JSON go to $OUT (default benchmarks/results), named after the GPU.
+# Each step has a time limit (TEST_SECONDS, BENCH_SECONDS); a step cut by it is interrupted
+# (SIGINT), so pytest still prints its summary and the benchmark still writes its JSON.
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -10,19 +12,27 @@ OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || exit 1
-$PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available())" || exit 1
+$PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
+  || exit 1
 gpu=$($PY -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
+summary() { grep -E "^(FAILED|ERROR)|passed|failed|error" "$1" | cut -c1-240 | tail -${2:-40}; }
 
-# 1) The CUDA subset: the core grids with CUDA as the default device (tests/conftest.py).
-GPU_TESTS=${GPU_TESTS:-$(cat tests/cuda_subset.txt)}  # the files, one a line
-echo "== CUDA tests (QKV_TEST_DEVICE=cuda)"
-QKV_TEST_DEVICE=cuda timeout "${TEST_SECONDS:-200}" $PY -m pytest -q -p no:cacheprovider \
-  -n "${TEST_WORKERS:-6}" -rfE --tb=line $GPU_TESTS >"$OUT/gpu-tests-$gpu.log" 2>&1
-echo "pytest exit $?"
-grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu-tests-$gpu.log" | cut -c1-300 | tail -60
+echo "== 1. the triton backend's grid, compiled (tests/attention/test_triton.py)"
+QKV_TEST_DEVICE=cuda timeout -s INT "${TRITON_SECONDS:-90}" $PY -m pytest -q -p no:cacheprovider \
+  -n 8 -rfE --tb=short tests/attention/test_triton.py >"$OUT/gpu-triton-$gpu.log" 2>&1
+summary "$OUT/gpu-triton-$gpu.log" 20
 
-# 2) The benchmarks: triton, auto, torch's SDPA kernels, torch.compile(flex_attention).
-echo "== GPU benchmarks"
-timeout "${BENCH_SECONDS:-300}" $PY benchmarks/gpu.py --device cuda \
-  --out "$OUT/gpu-$gpu.json" --max-seconds "${BENCH_BUDGET:-240}" ${BENCH_ARGS:-}
-echo "bench exit $?"
+echo "== 2. tile sweep (benchmarks/triton_tiles.py)"
+timeout -s INT "${TILES_SECONDS:-60}" $PY benchmarks/triton_tiles.py --out "$OUT/tiles-$gpu.json" \
+  2>&1 | grep -v -i warn | tail -32
+
+echo "== 3. the CUDA subset (tests/cuda_subset.txt), CUDA as the default device"
+QKV_TEST_DEVICE=cuda timeout -s INT "${TEST_SECONDS:-150}" $PY -m pytest -q -p no:cacheprovider \
+  -n "${TEST_WORKERS:-12}" -rfE --tb=line $(grep -v test_triton tests/cuda_subset.txt) \
+  >"$OUT/gpu-tests-$gpu.log" 2>&1
+summary "$OUT/gpu-tests-$gpu.log" 60
+
+echo "== 4. benchmarks (benchmarks/gpu.py)"
+timeout -s INT "${BENCH_SECONDS:-240}" $PY benchmarks/gpu.py --device cuda \
+  --out "$OUT/gpu-$gpu.json" --max-seconds "$(( ${BENCH_SECONDS:-240} - 30 ))" ${BENCH_ARGS:-} \
+  2>&1 | grep -v -i warn

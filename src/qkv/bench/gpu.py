@@ -334,19 +334,23 @@ def main(argv=None) -> int:
           f"  {'impl':22} {'median':>10} {'min':>10} {'ratio':>8} {'first':>8}")
     groups = set(a.groups.split(",")) if a.groups else None
     records, t0 = [], time.perf_counter()
-    for case in cases(a.quick):
-        if groups and case["group"] not in groups:
-            continue
-        if a.max_seconds is not None and time.perf_counter() - t0 > a.max_seconds:
-            records.append({"name": case["name"], "group": case["group"],
-                            "skipped": "not run: --max-seconds budget spent"})
-            print(f"\n{case['name']}: not run (--max-seconds budget spent)")
-            continue
-        records.append(run_case(case, dev, warmup, repeats))
-        _print(records[-1])
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+    try:
+        for case in cases(a.quick):
+            if groups and case["group"] not in groups:
+                continue
+            if a.max_seconds is not None and time.perf_counter() - t0 > a.max_seconds:
+                records.append({"name": case["name"], "group": case["group"],
+                                "skipped": "not run: --max-seconds budget spent"})
+                print(f"\n{case['name']}: not run (--max-seconds budget spent)")
+                continue
+            records.append(run_case(case, dev, warmup, repeats))
+            _print(records[-1])
+            gc.collect()
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    except KeyboardInterrupt:  # a time limit outside (SIGINT): keep what was measured
+        header["interrupted"] = True
+        print("\ninterrupted: writing what was measured")
     header["elapsed_s"] = time.perf_counter() - t0
     if a.out:
         tmp = f"{a.out}.tmp{os.getpid()}"
