@@ -1,6 +1,7 @@
 import os
 import sys
 
+import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._device import _device_constructors
@@ -20,10 +21,13 @@ class _OnDevice(TorchFunctionMode):
     def __init__(self, device: str):
         super().__init__()
         self.device = torch.device(device)
+        # Read through the instance: torch.compile traces this method, and cannot resolve a
+        # global of a module named "conftest" (seen on the H200 run).
+        self.constructors = _device_constructors()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
-        if func in _device_constructors() and kwargs.get("device") is None:
+        if func in self.constructors and kwargs.get("device") is None:
             generator = kwargs.get("generator")
             if generator is not None and generator.device.type == "cpu":
                 return func(*args, **kwargs).to(self.device)
@@ -39,3 +43,28 @@ if os.environ.get("QKV_TEST_DEVICE", "cpu") != "cpu":
     _OnDevice(os.environ["QKV_TEST_DEVICE"]).__enter__()
 else:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# On a GPU, backends refuse some grid cells by design; each refusal is pinned by its own test
+# (tests/attention/test_triton.py, test_explain.py), so there such a cell is reported skipped,
+# with the refusal as the reason, instead of failed.
+GPU_REFUSALS = (
+    "computes float32, bfloat16 and float16, not torch.float64",  # triton
+    "only torch's CPU flash kernel returns the log-sum-exp",  # torch on CUDA
+    "the fused kernel does not return attention weights",  # torch on CUDA
+)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("QKV_TEST_DEVICE", "cpu") == "cpu" or call.excinfo is None:
+        return
+    message = str(call.excinfo.value)
+    if call.when == "call" and "cannot honour this call" in message and any(
+        r in message for r in GPU_REFUSALS
+    ):
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0,
+                           f"Skipped: refused by design on this device: {message}")

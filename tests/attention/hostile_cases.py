@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 import qkv
-from helpers import backend_names
+from helpers import DEVICE, backend_names
 from qkv import reference
 
 BACKENDS = backend_names()  # "auto" and every registered backend
@@ -33,17 +33,17 @@ def mask_case(kind: str, H: int, T: int, S: int, seed: int = 0):
     elif kind == "alibi":
         slopes = slopes_for(H)
         kw, hide = dict(is_causal="bottom-right", alibi_slopes=slopes), j > i + S - T
-        add = add - slopes.numpy()[None, :, None, None] * np.abs(i + S - T - j)
+        add = add - slopes.cpu().numpy()[None, :, None, None] * np.abs(i + S - T - j)
     elif kind in ("bool", "float"):
         hide[:3, 2] = True  # key 2 hidden from the first three queries
         hide[5, :] = True  # query 5 sees no key
         if kind == "bool":
-            kw = dict(attn_mask=torch.from_numpy(~hide))
+            kw = dict(attn_mask=torch.from_numpy(~hide).to(DEVICE))
         else:
             rng = np.random.default_rng(seed)
             finite = rng.normal(size=(T, S)) * 0.5
             user = np.where(hide, -np.inf, finite)
-            kw, add = dict(attn_mask=torch.from_numpy(user)), add + finite
+            kw, add = dict(attn_mask=torch.from_numpy(user).to(DEVICE)), add + finite
     elif kind != "none":
         raise AssertionError(kind)
     return kw, np.where(hide, -np.inf, add), ~hide
@@ -52,7 +52,7 @@ def mask_case(kind: str, H: int, T: int, S: int, seed: int = 0):
 def ref_attention(q, k, v, add):
     """``(out, weights)`` of the NumPy float64 reference, ``add`` an additive mask or None."""
     return reference.attention(
-        q.double().numpy(), k.double().numpy(), v.double().numpy(), mask=add
+        q.double().cpu().numpy(), k.double().cpu().numpy(), v.double().cpu().numpy(), mask=add
     )
 
 

@@ -10,7 +10,7 @@ import torch
 from torch.nn.attention import flex_attention as torch_flex
 
 import qkv
-from helpers import max_error
+from helpers import DEVICE, max_error
 from qkv.attention.errors import AttentionArgumentError, AttentionTypeError
 from qkv.attention.flex_blocks import and_masks, create_block_mask, noop_mask, or_masks
 
@@ -114,7 +114,7 @@ def test_equals_torch_flex_attention_and_its_block_mask(score, mask, shape):
     mod, mm = SCORES[score], MASKS[mask]
     ours = None if mm is None else create_block_mask(mm, B, H, T, S, BLOCK_SIZE=block)
     theirs = None if mm is None else torch_flex.create_block_mask(
-        mm, B, H, T, S, device="cpu", BLOCK_SIZE=block)
+        mm, B, H, T, S, device=str(DEVICE), BLOCK_SIZE=block)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch warns that eager flex is slow
         want, want_lse = torch_flex.flex_attention(

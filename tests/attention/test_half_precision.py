@@ -52,7 +52,7 @@ def test_half_precision_output_is_as_exact_as_torch(backend, dtype, amplitude, k
     kw, add, _ = mask_case(kind, q.shape[1], q.shape[2], k.shape[2])
     ref, _ = ref_attention(q, k, v, add)
     out, _ = run(backend, q, k, v, kw, need_weights=False)
-    mask32 = torch.from_numpy(add).float() if kind != "none" else None
+    mask32 = torch.from_numpy(add).float().to(q.device) if kind != "none" else None
     torch_out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask32, enable_gqa=True)
     eps = torch.finfo(dtype).eps
     atol = max(2 * max_error(torch_out, ref), eps * float(np.abs(ref).max()))
@@ -90,7 +90,7 @@ def test_a_float32_mask_is_not_rounded_to_half_precision(dtype):
     q, k, v = half_inputs(dtype, 1.0, H=2, Hkv=2)
     g = torch.Generator().manual_seed(3)
     mask = torch.randn(q.shape[2], k.shape[2], generator=g) * 40.0 + 0.123  # (T, S) float32
-    ref, _ = ref_attention(q, k, v, mask.double().numpy()[None, None])
+    ref, _ = ref_attention(q, k, v, mask.double().cpu().numpy()[None, None])
     for backend in BACKENDS:
         out = qkv.scaled_dot_product_attention(q, k, v, attn_mask=mask, backend=backend)
         atol = 2 * torch.finfo(dtype).eps * float(np.abs(ref).max())

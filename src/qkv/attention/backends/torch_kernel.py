@@ -3,8 +3,10 @@
 On CPU torch picks its flash-attention kernel (blockwise, O(T) memory) when it can, else its
 math kernel. It never returns weights. Structured masks (a causal diagonal other than
 top-left, sliding windows, ALiBi) are materialised into a dense ``(T, S)`` mask first.
-Grouped-query attention without a mask folds the query heads of a group into the query
-length, so K and V are not repeated; with a mask it uses torch's own ``enable_gqa``.
+Grouped-query attention without a mask on the CPU folds the query heads of a group into the
+query length, so K and V are not repeated; with a mask, or on a GPU, it uses torch's own
+``enable_gqa``. A row with no visible key gets zeros on every device (torch's CUDA kernels do
+not zero it themselves).
 
 Precision: torch's kernels accumulate half-precision inputs in float32. On CPU a float mask
 (ALiBi, a float user mask) is passed in float32 too, which torch's CPU kernels accept for
@@ -148,9 +150,11 @@ def _output(call: AttentionCall) -> Tensor:
     q, k, v = call.query, call.key, call.value
     B, H, T, D = q.shape
     G = call.groups
-    if call.plain and G > 1:
+    if call.plain and G > 1 and q.device.type == "cpu":
         # No mask depends on the query index, so the G query heads of a group can ride
-        # along the query length: one call, K and V read once and never copied.
+        # along the query length: one call, K and V read once and never copied. Not on a GPU,
+        # whose kernels take grouped heads themselves: there the fold hid a decoding step from
+        # torch's split-key kernel (H200, S = 32768, H = 32, Hkv = 8: 0.44 ms against 0.15).
         q_folded = q.reshape(B, k.shape[1], G * T, D)  # (B, Hkv, G·T, D)
         out = F.scaled_dot_product_attention(
             q_folded, k, v, dropout_p=call.dropout_p, scale=call.scale
@@ -163,13 +167,18 @@ def _output(call: AttentionCall) -> Tensor:
             enable_gqa=G > 1,
         )  # (B, H, T, Dv)
     mask = dense_mask(call, _mask_dtype(call))
-    # Rows with no visible key are opened up so the kernel never sees an all -inf row (NaN
-    # in values and gradients before torch 2.5), then zeroed.
-    dead = None if mask is None or NATIVE_DEAD_ROWS else dead_rows(mask)
-    if dead is not None and bool(dead.any()):
+    # Rows with no visible key are opened up so the kernel never sees an all -inf row, then
+    # zeroed: torch before 2.5 gives them NaN, and its CUDA kernels still do not give them
+    # zeros (first H200 run, torch 2.11: a bf16 error of 1.4 on such rows). On the CPU the
+    # check costs one host read and is skipped where torch zeroes them itself; on a GPU the
+    # rows are opened unconditionally (no host sync).
+    dead = None
+    if mask is not None and (not NATIVE_DEAD_ROWS or q.device.type != "cpu"):
+        dead = dead_rows(mask)  # (B|1, H|1, T, 1)
+        if q.device.type == "cpu" and not bool(dead.any()):
+            dead = None
+    if dead is not None:
         mask = mask | dead if mask.dtype == torch.bool else mask.masked_fill(dead, 0.0)
-    else:
-        dead = None
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=call.dropout_p, scale=call.scale, enable_gqa=G > 1
     )  # (B, H, T, Dv)
