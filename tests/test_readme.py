@@ -29,7 +29,9 @@ LANGUAGES = {"python", "sh", "bash", "text"}
 # Commands that are not run or checked here, and why (matched by their first words).
 EXEMPT = {
     "make demo": "the main job trains for over a minute; tests/cli/test_demo.py runs its parts",
-    "make test": "the test suite itself",
+    "make test": "the test suite itself (make test-gpu: its CUDA subset, on a GPU)",
+    "make gpu-check": "needs a CUDA GPU; test_triton.py runs the kernels interpreted and "
+    "compiles them without one",
     "pip install": "installs packages from an index; the tests run without a network",
     "espeak-ng": "an optional system tool; tests/pretrained/test_whisper_cli.py uses it",
 }

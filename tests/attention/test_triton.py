@@ -26,11 +26,11 @@ import torch
 
 import qkv
 from helpers import DEVICE, assert_close, max_error
-from qkv.attention.backends import triton_kernel
+from qkv.attention import triton_env
 from qkv.reference.attention import attention, attention_backward
 
 pytestmark = pytest.mark.skipif(
-    not triton_kernel.installed(), reason="the triton package is not installed"
+    not triton_env.installed(), reason="the triton package is not installed"
 )
 
 # (B, H, Hkv, T, S, D, Dv)

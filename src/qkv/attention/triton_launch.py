@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from qkv.attention import triton_backward, triton_kernels
-from qkv.attention.backends.triton_kernel import interpreting
+from qkv.attention.triton_env import interpreting
 
 __all__ = ["Tiles", "backward", "forward", "tiles"]
 

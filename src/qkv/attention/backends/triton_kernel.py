@@ -22,8 +22,6 @@ multiply in full float32 (``"ieee"``) unless ``torch.backends.cuda.matmul.allow_
 
 from __future__ import annotations
 
-import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -31,27 +29,13 @@ from torch import Tensor
 
 from qkv.attention.call import AttentionCall
 from qkv.attention.masks import dropout_keep, safe_lse
+from qkv.attention.triton_env import installed, interpreting
 from qkv.checks import values_unknown
 
 NAME = "triton"
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_WIDTH = 256
-
-
-@functools.cache
-def installed() -> bool:
-    """Whether the ``triton`` package imports."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def interpreting() -> bool:
-    """Whether Triton's interpreter runs the kernels (``TRITON_INTERPRET=1``): CPU tensors."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def why_not(call: AttentionCall) -> str | None:
