@@ -73,7 +73,48 @@ def _merge(target) -> str:
     return f"sm_{target.arch} merge_splits bf16"
 
 
+FLEX_TABLES = {"KV_COUNT", "KV_IDX", "Q_COUNT", "Q_IDX", "SLOT"}
+
+
+def _flex(target) -> list[str]:
+    """Compile the three block-sparse flex kernels (bf16, 128×128 tiles); their labels."""
+    from qkv.attention import triton_flex as KF
+
+    labels = []
+    for fn in (KF.flex_forward, KF.flex_backward_dq, KF.flex_backward_dkdv):
+        sig = {}
+        for name in fn.arg_names:
+            if name in CONSTEXPRS:
+                sig[name] = "constexpr"
+            elif name in FLEX_TABLES:
+                sig[name] = "*i32"
+            elif name == "KEEP":
+                sig[name] = "*u8"
+            elif name in TENSORS:
+                sig[name] = "*bf16"
+            elif name in POINTERS:
+                sig[name] = POINTERS[name]
+            elif name in INTS | {"nQ", "nK", "BB", "HB", "HT"}:
+                sig[name] = "i32"
+            else:
+                sig[name] = "fp32" if name in FLOATS else "i64"
+        constexprs = dict(PRECISION="tf32", UPCAST=False, EVEN_D=True, BLOCK_M=128,
+                          BLOCK_N=128, BLOCK_D=128, BLOCK_DV=128)
+        triton.compile(ASTSource(fn, sig, constexprs), target=target,
+                       options=dict(num_warps=8, num_stages=2))
+        labels.append(f"sm_{target.arch} flex {fn.__name__}")
+    return labels
+
+
 def main() -> int:
+    if "--flex" in sys.argv:
+        try:
+            for label in _flex(GPUTarget("cuda", 90, 32)):
+                print(f"ok {label}")
+        except Exception as e:
+            print(f"FAILED flex: {type(e).__name__}: {e}")
+            return 1
+        return 0
     hopper, ampere = GPUTarget("cuda", 90, 32), GPUTarget("cuda", 80, 32)
     every = list(variants())
     # Hopper: each kernel with every flag off, every flag on, float32; Ampere: every flag on.

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from qkv.attention import flex_triton
 from qkv.attention.errors import AttentionArgumentError, AttentionTypeError
 from qkv.attention.flex_blocks import (
     DEFAULT_BLOCK,
@@ -41,7 +42,7 @@ from qkv.attention.flex_fused import assemble, fused_attention, fused_serves
 from qkv.attention.masks import accumulation_dtype
 from qkv.attention.threads import fitted_threads
 
-__all__ = ["flex_attention"]
+__all__ = ["flex_attention", "flex_path"]
 
 
 def flex_attention(
@@ -53,6 +54,7 @@ def flex_attention(
     scale: float | None = None,
     enable_gqa: bool = False,
     return_lse: bool = False,
+    kernel_options: dict | None = None,
     *,
     need_weights: bool = False,
 ):
@@ -67,6 +69,11 @@ def flex_attention(
         scale: factor on ``q·k``; ``1/sqrt(D)`` when None.
         enable_gqa: query head ``h`` reads key/value head ``h // (H / Hkv)``.
         return_lse: also return the log-sum-exp ``(B, H, T)`` (float32 for half inputs).
+        kernel_options: ``None`` or ``{"backend": name}``: ``"auto"`` (the default: the
+            Triton kernels of :mod:`qkv.attention.flex_triton` on a GPU when they serve the
+            call, else the tile loop), ``"triton"`` (they must serve it; on CPU tensors under
+            ``TRITON_INTERPRET=1``) or ``"tiles"`` (the tile loop). :func:`flex_path` says
+            which one runs and why.
         need_weights: also return the exact weights ``(B, H, T, S)`` (rebuilt from the
             log-sum-exp tile by tile; not differentiable).
 
@@ -75,8 +82,59 @@ def flex_attention(
         ``(out, lse?, weights?)`` in that order.
     """
     _check(query, key, value, score_mod, block_mask, enable_gqa)
+    path, why = flex_path(query, value, score_mod, block_mask, kernel_options)
+    if path == "triton":
+        return _on_triton(query, key, value, block_mask, scale, return_lse, need_weights)
+    if _backend(kernel_options) == "triton":
+        raise AttentionArgumentError(f"kernel_options backend='triton' cannot serve this "
+                                     f"call: {why}")
     with fitted_threads():
         return _flex(query, key, value, score_mod, block_mask, scale, return_lse, need_weights)
+
+
+_BACKENDS = ("auto", "triton", "tiles")
+
+
+def _backend(kernel_options: dict | None) -> str:
+    if kernel_options is None:
+        return "auto"
+    if not isinstance(kernel_options, dict) or set(kernel_options) - {"backend"}:
+        raise AttentionArgumentError(
+            f"kernel_options must be None or {{'backend': one of {_BACKENDS}}}, got "
+            f"{kernel_options!r}"
+        )
+    backend = kernel_options.get("backend", "auto")
+    if backend not in _BACKENDS:
+        raise AttentionArgumentError(f"kernel_options backend must be one of {_BACKENDS}, got "
+                                     f"{backend!r}")
+    return backend
+
+
+def flex_path(query: Tensor, value: Tensor, score_mod=None, block_mask=None,
+              kernel_options: dict | None = None) -> tuple[str, str]:
+    """Which path :func:`flex_attention` takes for these arguments, and why:
+    ``("triton", reason)`` or ``("tiles", reason)``."""
+    backend = _backend(kernel_options)
+    if backend == "tiles":
+        return "tiles", "kernel_options asked for the tile loop"
+    why = flex_triton.why_not(query, value, score_mod, block_mask, named=backend == "triton")
+    if why is None:
+        return "triton", "block-sparse Triton kernels (empty tiles skipped, mask_mod on partial)"
+    return "tiles", why
+
+
+def _on_triton(query, key, value, block_mask, scale, return_lse, need_weights):
+    """The Triton path; weights (when asked) rebuilt from its lse on the visited tiles."""
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    out, lse = flex_triton.attend(query, key, value, block_mask, scale)
+    result = [out] + ([lse] if return_lse else [])
+    if need_weights:
+        B, H, T = query.shape[:3]
+        plan = _Plan(B, H, T, key.shape[2], *block_mask.block_size, scale, None,
+                     block_mask.mask_mod, H // key.shape[1])
+        with torch.no_grad():
+            result.append(_weights(query, key, lse, _visits(block_mask), plan))
+    return result[0] if len(result) == 1 else tuple(result)
 
 
 def _flex(query, key, value, score_mod, block_mask, scale, return_lse, need_weights):

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from qkv.attention import triton_backward, triton_kernels
+from qkv.attention import triton_backward, triton_flex, triton_kernels
 from qkv.attention.triton_env import interpreting
 
-__all__ = ["Tiles", "backward", "forward", "tiles"]
+__all__ = ["Tiles", "backward", "flex_backward", "flex_forward", "forward", "tiles"]
 
 
 @dataclass(frozen=True)
@@ -169,5 +169,60 @@ def backward(q, k, v, out, lse_safe, dout, dlse, mask, alibi, keep, spec):
     )
     triton_backward.attention_backward_dq[(-(-G * T // t.block_m), B * Hkv)](
         q, k, v, dout, lse_safe, delta, dq, *extras, *common, **flags, **launch,
+    )
+    return dq, dk, dv
+
+
+def _flex_args(q, k, v, tab, block_mask):
+    """Arguments the three flex kernels share (after their tensors and strides)."""
+    H, T, D = q.shape[1:]
+    Bt, Ht, nq, nk = tab.slot.shape
+    flags = dict(PRECISION=_precision(q.dtype), BLOCK_D=_pow2(D), BLOCK_DV=_pow2(v.shape[-1]),
+                 UPCAST=interpreting() and q.dtype == torch.bfloat16)
+    flags["EVEN_D"] = flags["BLOCK_D"] == D and flags["BLOCK_DV"] == v.shape[-1]
+    bq, bk = block_mask.block_size
+    wide = max(flags["BLOCK_D"], flags["BLOCK_DV"]) > 128 or bq * bk > 64 * 128
+    launch = dict(BLOCK_M=bq, BLOCK_N=bk, num_warps=1 if interpreting() else 8 if wide else 4,
+                  num_stages=1 if interpreting() else 2)
+    sizes = (H, H // k.shape[1], T, k.shape[2], D, v.shape[-1], nq, nk, int(Bt > 1),
+             int(Ht > 1), Ht)
+    return sizes, flags | launch
+
+
+def flex_forward(q, k, v, tab, block_mask, scale) -> tuple[Tensor, Tensor]:
+    """Block-sparse flex forward: ``(out (B, H, T, Dv), lse (B, H, T) float32)``."""
+    q, k, v = (_unit_last(t) for t in (q, k, v))
+    B, H, T, _ = q.shape
+    out = torch.empty(B, H, T, v.shape[-1], dtype=q.dtype, device=q.device)
+    lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
+    sizes, options = _flex_args(q, k, v, tab, block_mask)
+    triton_flex.flex_forward[(tab.slot.shape[2], B * H)](
+        q, k, v, out, lse, tab.kv_count, tab.kv_idx, tab.slot, tab.keep,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+        *sizes, scale, **options,
+    )
+    return out, lse
+
+
+def flex_backward(q, k, v, out, lse_safe, dout, dlse, tab, block_mask, scale):
+    """``(dq, dk, dv)`` of the block-sparse flex call (``lse_safe``: ``+inf`` on dead rows)."""
+    q, k, v, dout = (_unit_last(t) for t in (q, k, v, dout))
+    B, H, T, D = q.shape
+    delta = (dout.float() * out.float()).sum(-1)  # (B, H, T)
+    if dlse is not None:
+        delta = delta - dlse.float()
+    delta, lse_safe = delta.contiguous(), lse_safe.float().contiguous()
+    dq = torch.empty(B, H, T, D, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
+    sizes, options = _flex_args(q, k, v, tab, block_mask)
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
+    triton_flex.flex_backward_dkdv[(tab.slot.shape[3], B * k.shape[1])](
+        q, k, v, dout, lse_safe, delta, dk, dv, tab.q_count, tab.q_idx, tab.slot, tab.keep,
+        *strides, *sizes, scale, **options,
+    )
+    triton_flex.flex_backward_dq[(tab.slot.shape[2], B * H)](
+        q, k, v, dout, lse_safe, delta, dq, tab.kv_count, tab.kv_idx, tab.slot, tab.keep,
+        *strides, *sizes, scale, **options,
     )
     return dq, dk, dv

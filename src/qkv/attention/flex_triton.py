@@ -1,0 +1,148 @@
+"""Block-sparse :func:`qkv.flex_attention` on the Triton kernels of
+:mod:`qkv.attention.triton_flex`: when it serves a call, how its tables are built, and the
+autograd function that runs it.
+
+It serves a call with a block mask and no ``score_mod`` (a Python ``score_mod`` cannot run
+inside a Triton kernel; such calls keep the tile loop of :mod:`qkv.attention.flex`), on CUDA
+tensors in float32, bfloat16 and float16 (on CPU tensors only under ``TRITON_INTERPRET=1``,
+when asked for with ``kernel_options={"backend": "triton"}``), with power-of-two block sizes
+from 16 to 128 and head widths up to 256.
+
+The tables come from the block mask once per device and are kept with it (a model hands the
+same block mask to every layer, a training loop to every step): visited key tiles per query
+tile, visiting query tiles per key tile, and ``mask_mod`` evaluated on the partial tiles
+only, as ``(P, bq, bk)`` keep tiles (one row of tiles at a time, as
+:func:`~qkv.attention.flex_blocks.create_block_mask` evaluated it).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from qkv.attention.flex_blocks import EMPTY, PARTIAL, BlockMask, tile_keep
+from qkv.attention.masks import safe_lse
+from qkv.attention.triton_env import installed, interpreting
+from qkv.checks import values_unknown
+
+__all__ = ["Tables", "attend", "tables", "why_not"]
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def why_not(query: Tensor, value: Tensor, score_mod, block_mask: BlockMask | None,
+            named: bool) -> str | None:
+    """Why the Triton path cannot (or, unless ``named``, should not) serve a flex call."""
+    if not installed():
+        return "the triton package is not installed"
+    if query.device.type != "cuda" and not (named and query.device.type == "cpu"
+                                            and interpreting()):
+        return "Triton runs on CUDA tensors"
+    if score_mod is not None:
+        return "a Python score_mod runs on the tile loop, not inside a Triton kernel"
+    if block_mask is None:
+        return "no block mask (qkv.scaled_dot_product_attention serves unmasked calls)"
+    if query.dtype not in _DTYPES:
+        return f"Triton computes float32, bfloat16 and float16, not {query.dtype}"
+    bq, bk = block_mask.block_size
+    if any(b < 16 or b > 128 or b & (b - 1) for b in (bq, bk)):
+        return f"block size {(bq, bk)}: the kernels take powers of two from 16 to 128"
+    if max(query.shape[-1], value.shape[-1]) > 256:
+        return "head width above 256"
+    if values_unknown(query) or torch._C._functorch.is_functorch_wrapped_tensor(query):
+        return "tracing or torch.func transforms: the kernels run eagerly"
+    return None
+
+
+@dataclass(frozen=True)
+class Tables:
+    """A block mask's tables on one device (see :mod:`qkv.attention.triton_flex`)."""
+
+    kv_count: Tensor  # (B', H', nQ) int32
+    kv_idx: Tensor  # (B', H', nQ, nK) int32: visited key tiles first, ascending
+    q_count: Tensor  # (B', H', nK) int32
+    q_idx: Tensor  # (B', H', nK, nQ) int32
+    slot: Tensor  # (B', H', nQ, nK) int32: -1, or the tile's index in keep
+    keep: Tensor  # (P, bq, bk) uint8
+
+
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def tables(block_mask: BlockMask, device: torch.device) -> Tables:
+    """``block_mask``'s tables on ``device``, built on first use and kept with the mask."""
+    per_device = _TABLES.setdefault(block_mask, {})
+    if str(device) not in per_device:
+        per_device[str(device)] = _build(block_mask, device)
+    return per_device[str(device)]
+
+
+def _order(visited: Tensor) -> Tensor:
+    """Indices of the True entries of each last-dimension row first, ascending."""
+    return torch.sort((~visited).to(torch.uint8), dim=-1, stable=True).indices.to(torch.int32)
+
+
+def _build(block_mask: BlockMask, device: torch.device) -> Tables:
+    state = block_mask.state  # (B', H', nQ, nK) uint8
+    Bt, Ht, nq, nk = state.shape
+    bq, bk = block_mask.block_size
+    T, S = block_mask.q_len, block_mask.kv_len
+    visited, partial = state > EMPTY, state == PARTIAL
+    slot = torch.full(state.shape, -1, dtype=torch.int32)
+    tiles, used = [], 0
+    for i in range(nq):
+        chosen = partial[:, :, i]  # (B', H', nK)
+        n = int(chosen.sum())
+        if n == 0:
+            continue
+        rows = range(i * bq, min(T, (i + 1) * bq))
+        keep = tile_keep(block_mask.mask_mod, Bt, Ht, rows, range(S), device)  # (B',H',r,S)
+        keep = F.pad(keep, (0, nk * bk - S, 0, bq - len(rows)), value=False)
+        keep = keep.reshape(Bt, Ht, bq, nk, bk).permute(0, 1, 3, 2, 4)  # (B', H', nK, bq, bk)
+        tiles.append(keep[chosen.to(device)].to(torch.uint8))  # (n, bq, bk), row-major
+        slot[:, :, i][chosen] = torch.arange(used, used + n, dtype=torch.int32)
+        used += n
+    keep = torch.cat(tiles) if tiles else torch.ones(1, bq, bk, dtype=torch.uint8)
+    return Tables(
+        kv_count=visited.sum(-1).to(torch.int32).to(device),
+        kv_idx=_order(visited).to(device),
+        q_count=visited.sum(-2).to(torch.int32).to(device),
+        q_idx=_order(visited.transpose(-1, -2)).contiguous().to(device),
+        slot=slot.to(device), keep=keep.to(device).contiguous(),
+    )
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float):
+    """``(out (B, H, T, Dv), lse (B, H, T) float32)``, differentiable in q, k, v (and lse)."""
+    tab = tables(block_mask, q.device)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return _FlexFunction.apply(q, k, v, tab, block_mask, scale)
+    from qkv.attention.triton_launch import flex_forward as forward
+
+    return forward(q, k, v, tab, block_mask, scale)
+
+
+class _FlexFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, tab, block_mask, scale):
+        from qkv.attention.triton_launch import flex_forward as forward
+
+        out, lse = forward(q, k, v, tab, block_mask, scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (tab, block_mask, scale)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        from qkv.attention.triton_launch import flex_backward as backward
+
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = backward(q, k, v, out, safe_lse(lse), dout, dlse, *ctx.args)
+        return dq, dk, dv, None, None, None

@@ -1,0 +1,188 @@
+"""Block-sparse ``qkv.flex_attention`` on Triton (``kernel_options={"backend": "triton"}``)
+against the tile loop (``"tiles"``) and the math backend in float64.
+
+Without a GPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set by
+tests/conftest.py); the shapes are small and the block sizes 16 and 32, so every case crosses
+empty, partial and full tiles. Tolerances as in test_triton.py: float32 within 1e-5 of the
+float64 truth; half precision within twice the tile loop's own error plus one rounding.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import qkv
+from helpers import DEVICE, assert_close, max_error
+from qkv.attention import flex_triton, triton_env
+from qkv.attention.errors import AttentionArgumentError
+from qkv.attention.flex import flex_path
+from qkv.attention.flex_blocks import and_masks, create_block_mask
+from qkv.attention.mods import causal_mask, document_mask, prefix_lm, sliding_window_mask
+
+pytestmark = pytest.mark.skipif(not triton_env.installed(), reason="triton is not installed")
+
+TRITON = {"backend": "triton"}
+
+
+def _docs(T: int) -> torch.Tensor:
+    ids = torch.zeros(T, dtype=torch.long, device="cpu")
+    for cut in (T // 5, T // 2, T - 3):
+        ids[cut:] += 1
+    return ids.to(DEVICE)
+
+
+def _mask(kind: str, B: int, H: int, T: int, S: int):
+    """``(mask_mod, B or None, H or None)`` of each kind (None: shared by every row/head)."""
+    if kind == "causal":
+        return causal_mask, None, None
+    if kind == "window":
+        return sliding_window_mask(9, offset=S - T), None, None
+    if kind == "document":
+        ids = _docs(max(T, S))
+        return and_masks(document_mask(ids), causal_mask), None, None
+    if kind == "prefix-lm per row":
+        return prefix_lm(torch.tensor([5, 20], device=DEVICE)[:B]), B, None
+    if kind == "per head":  # head h sees keys j with (i - j) % (h + 2) == 0, and j <= i
+        def every_other(b, h, q_idx, kv_idx):
+            return ((q_idx - kv_idx) % (h + 2) == 0) & (kv_idx <= q_idx)
+        return every_other, None, H
+    if kind == "dead rows":  # queries below 7 see nothing
+        def late(b, h, q_idx, kv_idx):
+            return (q_idx >= 7) & (kv_idx <= q_idx)
+        return late, None, None
+    raise AssertionError(kind)
+
+
+KINDS = ["causal", "window", "document", "prefix-lm per row", "per head", "dead rows"]
+# B, H, Hkv, T, S, D, Dv, (bq, bk)
+SHAPES = [(2, 2, 2, 45, 45, 16, 16, (16, 16)), (2, 4, 2, 50, 50, 24, 16, (32, 16)),
+          (1, 3, 1, 37, 70, 32, 32, (16, 32))]
+
+
+def _inputs(shape, dtype=torch.float32, seed=0):
+    B, H, Hkv, T, S, D, Dv, _ = shape
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g, dtype=torch.float64, device="cpu").to(DEVICE, dtype)
+            for s in ((B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv))]
+
+
+def _block_mask(kind, shape):
+    B, H, _, T, S, _, _, block = shape
+    mod, b, h = _mask(kind, B, H, T, S)
+    return create_block_mask(mod, b, h, T, S, device=DEVICE, BLOCK_SIZE=block)
+
+
+def _flex(q, k, v, bm, backend, **kw):
+    return qkv.flex_attention(q, k, v, block_mask=bm, enable_gqa=True, return_lse=True,
+                              kernel_options={"backend": backend}, **kw)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("kind", KINDS)
+def test_forward_lse_and_gradients_equal_float64(kind, shape):
+    bm = _block_mask(kind, shape)
+    q, k, v = (t.requires_grad_() for t in _inputs(shape))
+    out, lse = _flex(q, k, v, bm, "triton")
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, ref_lse = _flex(q64, k64, v64, bm, "tiles")
+    assert_close(out, ref, atol=1e-5, rtol=1e-5, name=f"out {kind}")
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite), f"dead rows differ ({kind})"
+    assert_close(lse[finite], ref_lse[finite], atol=1e-5, rtol=1e-5, name=f"lse {kind}")
+    g_out = torch.randn_like(ref)
+    g_lse = torch.randn_like(ref_lse).masked_fill(~finite, 0.0)
+    grads = torch.autograd.grad((out * g_out.float()).sum() + (lse * g_lse.float()).sum(),
+                                (q, k, v))
+    refs = torch.autograd.grad((ref * g_out).sum() + (ref_lse * g_lse).sum(), (q64, k64, v64))
+    for name, a, e in zip("qkv", grads, refs, strict=True):
+        assert_close(a, e, atol=2e-5, rtol=2e-5, name=f"d{name} {kind}")
+
+
+def test_equals_sdpa_with_the_same_dense_mask():
+    """The document mask through flex equals qkv's SDPA (math, float64) given it densely."""
+    shape = SHAPES[1]
+    T, S = shape[3:5]
+    bm = _block_mask("document", shape)
+    q, k, v = _inputs(shape)
+    out, _ = _flex(q, k, v, bm, "triton")
+    ids = _docs(T)
+    i, j = torch.arange(T, device=DEVICE)[:, None], torch.arange(S, device=DEVICE)[None, :]
+    dense = (ids[:, None] == ids[None, :]) & (j <= i)
+    ref = qkv.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=dense,
+                                           enable_gqa=True, backend="math")
+    assert_close(out, ref, atol=1e-5, rtol=1e-5, name="document flex vs dense SDPA")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_within_twice_the_tile_loops_error(dtype):
+    shape = SHAPES[0]
+    bm = _block_mask("document", shape)
+    q, k, v = _inputs(shape, dtype)
+    out, _ = _flex(q, k, v, bm, "triton")
+    exact, _ = _flex(q.double(), k.double(), v.double(), bm, "tiles")
+    tiles, _ = _flex(q, k, v, bm, "tiles")
+    bound = 2 * max_error(tiles, exact) + torch.finfo(dtype).eps * float(exact.abs().max())
+    assert max_error(out, exact) <= bound, f"{dtype}: {max_error(out, exact):.3e} > {bound:.3e}"
+
+
+def test_weights_and_non_finite_rows():
+    shape = SHAPES[0]
+    bm = _block_mask("dead rows", shape)
+    q, k, v = _inputs(shape)
+    q[0, 1, 20, 3] = float("nan")
+    out, lse, w = _flex(q, k, v, bm, "triton", need_weights=True)
+    assert out[0, 1, 20].isnan().all() and w[0, 1, 20].isnan().any()
+    ref, _, w_ref = _flex(q, k, v, bm, "tiles", need_weights=True)
+    ok = torch.ones(out.shape[:3], dtype=torch.bool, device=out.device)
+    ok[0, 1, 20] = False
+    assert_close(out[ok], ref[ok], atol=1e-5, rtol=1e-5, name="finite rows")
+    assert_close(w[ok], w_ref[ok], atol=1e-6, name="weights")
+    assert (out[:, :, :7] == 0).all() and torch.isneginf(lse[:, :, :7]).all()
+
+
+def test_tables_are_built_once_per_block_mask_and_device():
+    bm = _block_mask("document", SHAPES[0])
+    first = flex_triton.tables(bm, torch.device(DEVICE))
+    assert flex_triton.tables(bm, torch.device(DEVICE)) is first
+    visited = (bm.state > 0).sum().item()
+    assert int(first.kv_count.sum()) == visited == int(first.q_count.sum())
+    assert first.keep.shape[0] == int((bm.state == 1).sum())
+
+
+def test_path_says_which_kernel_runs_and_why(monkeypatch):
+    shape = SHAPES[0]
+    bm = _block_mask("causal", shape)
+    q, k, v = _inputs(shape)
+    def bias(s, b, h, i, j):
+        return s + 0.1
+    assert flex_path(q, v, bias, bm, TRITON)[1].startswith("a Python score_mod runs")
+    assert flex_path(q, v, None, None, TRITON)[0] == "tiles"
+    assert flex_path(q, v, None, bm, {"backend": "tiles"})[0] == "tiles"
+    assert flex_path(q, v, None, bm, TRITON)[0] == "triton"
+    assert flex_path(q.double(), v.double(), None, bm, TRITON)[1].endswith("not torch.float64")
+    with pytest.raises(AttentionArgumentError, match="cannot serve this call: a Python score_mod"):
+        qkv.flex_attention(q, k, v, bias, bm, kernel_options=TRITON)
+    with pytest.raises(AttentionArgumentError, match="kernel_options backend must be one of"):
+        qkv.flex_attention(q, k, v, block_mask=bm, kernel_options={"backend": "cuda"})
+    with pytest.raises(AttentionArgumentError, match="kernel_options must be None or"):
+        qkv.flex_attention(q, k, v, block_mask=bm, kernel_options={"BLOCK_M": 64})
+    if DEVICE.type == "cpu":  # auto keeps the tile loop on the CPU; the interpreter is for tests
+        assert flex_path(q, v, None, bm)[1] == "Triton runs on CUDA tensors"
+
+
+@pytest.mark.skipif(bool(os.environ.get("ATEN_CPU_CAPABILITY")),
+                    reason="compiling does not depend on the CPU's kernels: the first pass did it")
+def test_flex_kernels_compile_for_hopper_without_a_gpu():
+    script = Path(__file__).with_name("triton_compile_check.py")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    done = subprocess.run([sys.executable, str(script), "--flex"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("ok sm_90 flex") == 3, done.stdout
