@@ -24,6 +24,7 @@ from qkv.attention.errors import AttentionArgumentError
 from qkv.attention.flex import flex_path
 from qkv.attention.flex_blocks import and_masks, create_block_mask
 from qkv.attention.mods import causal_mask, document_mask, prefix_lm, sliding_window_mask
+from qkv.attention.score_mods import alibi, relative_bias, soft_cap
 
 pytestmark = pytest.mark.skipif(not triton_env.installed(), reason="triton is not installed")
 
@@ -104,6 +105,28 @@ def test_forward_lse_and_gradients_equal_float64(kind, shape):
         assert_close(a, e, atol=2e-5, rtol=2e-5, name=f"d{name} {kind}")
 
 
+@pytest.mark.parametrize("mod", ["alibi", "softcap"])
+@pytest.mark.parametrize("kind", ["document", "per head"])
+def test_ready_score_mods_run_in_the_kernel_and_equal_float64(mod, kind):
+    shape = SHAPES[1]
+    H, T, S = shape[1], shape[3], shape[4]
+    bm = _block_mask(kind, shape)
+    score_mod = (alibi(torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE), offset=S - T)
+                 if mod == "alibi" else soft_cap(2.0))
+    q, k, v = (t.requires_grad_() for t in _inputs(shape))
+    assert flex_path(q, v, score_mod, bm, TRITON)[0] == "triton"
+    out, _ = _flex(q, k, v, bm, "triton", score_mod=score_mod)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, _ = _flex(q64, k64, v64, bm, "tiles", score_mod=score_mod)
+    assert_close(out, ref, atol=2e-5, rtol=2e-5, name=f"out {mod} {kind}")
+    g = torch.randn_like(ref)
+    grads = torch.autograd.grad(out, (q, k, v), g.float())
+    refs = torch.autograd.grad(ref, (q64, k64, v64), g)
+    for name, a, e in zip("qkv", grads, refs, strict=True):
+        assert_close(a, e, atol=3e-5, rtol=3e-5, name=f"d{name} {mod} {kind}")
+    assert H == 4
+
+
 def test_equals_sdpa_with_the_same_dense_mask():
     """The document mask through flex equals qkv's SDPA (math, float64) given it densely."""
     shape = SHAPES[1]
@@ -162,6 +185,10 @@ def test_path_says_which_kernel_runs_and_why(monkeypatch):
     def bias(s, b, h, i, j):
         return s + 0.1
     assert flex_path(q, v, bias, bm, TRITON)[1].startswith("a Python score_mod runs")
+    table = torch.zeros(32, 2, device=DEVICE)
+    assert flex_path(q, v, relative_bias(table, 32, 64), bm, TRITON)[0] == "tiles"
+    learned = torch.tensor([0.5, 0.25], device=DEVICE, requires_grad=True)
+    assert "learned ALiBi" in flex_path(q, v, alibi(learned), bm, TRITON)[1]
     assert flex_path(q, v, None, None, TRITON)[0] == "tiles"
     assert flex_path(q, v, None, bm, {"backend": "tiles"})[0] == "tiles"
     assert flex_path(q, v, None, bm, TRITON)[0] == "triton"

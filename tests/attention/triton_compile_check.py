@@ -24,7 +24,7 @@ from qkv.attention import triton_kernels as K
 FLAGS = ("MASK_KIND", "IS_CAUSAL", "HAS_WINDOW", "HAS_ALIBI", "HAS_DROPOUT")
 POINTERS = {"KEEP": "*u8", "SLOPES": "*fp32", "L": "*fp32", "LSE": "*fp32",
             "DELTA": "*fp32"}
-FLOATS = {"scale", "keep_scale"}
+FLOATS = {"scale", "keep_scale", "cap"}
 
 
 TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV_"}  # in the inputs' dtype
@@ -77,14 +77,15 @@ FLEX_TABLES = {"KV_COUNT", "KV_IDX", "Q_COUNT", "Q_IDX", "SLOT"}
 
 
 def _flex(target) -> list[str]:
-    """Compile the three block-sparse flex kernels (bf16, 128×128 tiles); their labels."""
+    """Compile the three block-sparse flex kernels (bf16, 128×128 tiles; ALiBi in the
+    forward, soft-cap in the backward); their labels."""
     from qkv.attention import triton_flex as KF
 
     labels = []
-    for fn in (KF.flex_forward, KF.flex_backward_dq, KF.flex_backward_dkdv):
+    for fn, mod in ((KF.flex_forward, 1), (KF.flex_backward_dq, 2), (KF.flex_backward_dkdv, 2)):
         sig = {}
         for name in fn.arg_names:
-            if name in CONSTEXPRS:
+            if name in CONSTEXPRS or name == "SCORE_MOD":
                 sig[name] = "constexpr"
             elif name in FLEX_TABLES:
                 sig[name] = "*i32"
@@ -99,7 +100,7 @@ def _flex(target) -> list[str]:
             else:
                 sig[name] = "fp32" if name in FLOATS else "i64"
         constexprs = dict(PRECISION="tf32", UPCAST=False, EVEN_D=True, BLOCK_M=128,
-                          BLOCK_N=128, BLOCK_D=128, BLOCK_DV=128)
+                          BLOCK_N=128, BLOCK_D=128, BLOCK_DV=128, SCORE_MOD=mod)
         triton.compile(ASTSource(fn, sig, constexprs), target=target,
                        options=dict(num_warps=8, num_stages=2))
         labels.append(f"sm_{target.arch} flex {fn.__name__}")

@@ -84,7 +84,8 @@ def flex_attention(
     _check(query, key, value, score_mod, block_mask, enable_gqa)
     path, why = flex_path(query, value, score_mod, block_mask, kernel_options)
     if path == "triton":
-        return _on_triton(query, key, value, block_mask, scale, return_lse, need_weights)
+        return _on_triton(query, key, value, score_mod, block_mask, scale, return_lse,
+                          need_weights)
     if _backend(kernel_options) == "triton":
         raise AttentionArgumentError(f"kernel_options backend='triton' cannot serve this "
                                      f"call: {why}")
@@ -123,14 +124,14 @@ def flex_path(query: Tensor, value: Tensor, score_mod=None, block_mask=None,
     return "tiles", why
 
 
-def _on_triton(query, key, value, block_mask, scale, return_lse, need_weights):
+def _on_triton(query, key, value, score_mod, block_mask, scale, return_lse, need_weights):
     """The Triton path; weights (when asked) rebuilt from its lse on the visited tiles."""
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-    out, lse = flex_triton.attend(query, key, value, block_mask, scale)
+    out, lse = flex_triton.attend(query, key, value, block_mask, scale, score_mod)
     result = [out] + ([lse] if return_lse else [])
     if need_weights:
         B, H, T = query.shape[:3]
-        plan = _Plan(B, H, T, key.shape[2], *block_mask.block_size, scale, None,
+        plan = _Plan(B, H, T, key.shape[2], *block_mask.block_size, scale, score_mod,
                      block_mask.mask_mod, H // key.shape[1])
         with torch.no_grad():
             result.append(_weights(query, key, lse, _visits(block_mask), plan))

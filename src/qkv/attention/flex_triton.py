@@ -2,8 +2,10 @@
 :mod:`qkv.attention.triton_flex`: when it serves a call, how its tables are built, and the
 autograd function that runs it.
 
-It serves a call with a block mask and no ``score_mod`` (a Python ``score_mod`` cannot run
-inside a Triton kernel; such calls keep the tile loop of :mod:`qkv.attention.flex`), on CUDA
+It serves a call with a block mask and no ``score_mod``, or one of the ready score mods that
+carry ``kernel_params`` (ALiBi with fixed slopes, soft-capping: computed inside the kernel);
+any other Python ``score_mod`` cannot run inside a Triton kernel, and such calls keep the tile
+loop of :mod:`qkv.attention.flex`. It runs on CUDA
 tensors in float32, bfloat16 and float16 (on CPU tensors only under ``TRITON_INTERPRET=1``,
 when asked for with ``kernel_options={"backend": "triton"}``), with power-of-two block sizes
 from 16 to 128 and head widths up to 256.
@@ -29,7 +31,7 @@ from qkv.attention.masks import safe_lse
 from qkv.attention.triton_env import installed, interpreting
 from qkv.checks import values_unknown
 
-__all__ = ["Tables", "attend", "tables", "why_not"]
+__all__ = ["ScoreMod", "Tables", "attend", "score_mod_params", "tables", "why_not"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -42,8 +44,11 @@ def why_not(query: Tensor, value: Tensor, score_mod, block_mask: BlockMask | Non
     if query.device.type != "cuda" and not (named and query.device.type == "cpu"
                                             and interpreting()):
         return "Triton runs on CUDA tensors"
-    if score_mod is not None:
+    params = getattr(score_mod, "kernel_params", None)
+    if score_mod is not None and params is None:
         return "a Python score_mod runs on the tile loop, not inside a Triton kernel"
+    if params is not None and params[0] == "alibi" and params[1].requires_grad:
+        return "learned ALiBi slopes get their gradient on the tile loop"
     if block_mask is None:
         return "no block mask (qkv.scaled_dot_product_attention serves unmasked calls)"
     if query.dtype not in _DTYPES:
@@ -116,24 +121,47 @@ def _build(block_mask: BlockMask, device: torch.device) -> Tables:
     )
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float):
+@dataclass(frozen=True)
+class ScoreMod:
+    """A ready score mod as the kernels take it: ``kind`` 0 none, 1 ALiBi (``slopes (H,)``
+    float32, ``offset``), 2 soft-cap (``cap``)."""
+
+    kind: int = 0
+    slopes: Tensor | None = None
+    offset: int = 0
+    cap: float = 1.0
+
+
+def score_mod_params(score_mod, device: torch.device) -> ScoreMod:
+    """The kernels' form of ``score_mod`` (None, or one that carries ``kernel_params``)."""
+    params = getattr(score_mod, "kernel_params", None)
+    if params is None:
+        return ScoreMod()
+    if params[0] == "alibi":
+        return ScoreMod(1, params[1].detach().to(device, torch.float32), params[2])
+    return ScoreMod(2, cap=float(params[1]))
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float,
+           score_mod=None):
     """``(out (B, H, T, Dv), lse (B, H, T) float32)``, differentiable in q, k, v (and lse)."""
     tab = tables(block_mask, q.device)
+    mod = score_mod_params(score_mod, q.device)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        return _FlexFunction.apply(q, k, v, tab, block_mask, scale)
+        return _FlexFunction.apply(q, k, v, tab, block_mask, scale, mod)
     from qkv.attention.triton_launch import flex_forward as forward
 
-    return forward(q, k, v, tab, block_mask, scale)
+    return forward(q, k, v, tab, block_mask, scale, mod)
 
 
 class _FlexFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, tab, block_mask, scale):
+    def forward(ctx, q, k, v, tab, block_mask, scale, mod):
         from qkv.attention.triton_launch import flex_forward as forward
 
-        out, lse = forward(q, k, v, tab, block_mask, scale)
+        out, lse = forward(q, k, v, tab, block_mask, scale, mod)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (tab, block_mask, scale)
+        ctx.args = (tab, block_mask, scale, mod)
         ctx.set_materialize_grads(False)
         return out, lse
 
@@ -145,4 +173,4 @@ class _FlexFunction(torch.autograd.Function):
         if dout is None:
             dout = torch.zeros_like(out)
         dq, dk, dv = backward(q, k, v, out, safe_lse(lse), dout, dlse, *ctx.args)
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None

@@ -9,6 +9,10 @@ operations on its arguments, so it runs in qkv's kernel (broadcast index tensors
 slopes, a T5 bias table) get gradients through :func:`qkv.flex_attention`'s backward when they
 require them.
 
+``alibi`` and ``soft_cap`` carry ``kernel_params`` (their kind and constants), so the
+block-sparse Triton kernels of :mod:`qkv.attention.flex_triton` run them inside the kernel; a
+``score_mod`` without it runs on the tile loop.
+
 Shapes: ``B`` batch, ``H`` query heads, ``T`` queries, ``S`` keys.
 """
 
@@ -78,6 +82,7 @@ def alibi(slopes: Tensor, *, offset: int = 0) -> Callable:
         distance = (q_idx + offset - kv_idx).abs().to(score.dtype)
         return score - slopes.to(score.device, score.dtype)[h] * distance
 
+    alibi_bias.kernel_params = ("alibi", slopes, int(offset))  # what a GPU kernel reads
     return alibi_bias
 
 
@@ -101,6 +106,7 @@ def soft_cap(cap: float) -> Callable:
     def tanh_soft_cap(score, b, h, q_idx, kv_idx):
         return cap * torch.tanh(score / cap)
 
+    tanh_soft_cap.kernel_params = ("softcap", cap)  # what a GPU kernel reads
     return tanh_soft_cap
 
 

@@ -173,7 +173,7 @@ def backward(q, k, v, out, lse_safe, dout, dlse, mask, alibi, keep, spec):
     return dq, dk, dv
 
 
-def _flex_args(q, k, v, tab, block_mask):
+def _flex_args(q, k, v, tab, block_mask, mod):
     """Arguments the three flex kernels share (after their tensors and strides)."""
     H, T, D = q.shape[1:]
     Bt, Ht, nq, nk = tab.slot.shape
@@ -186,25 +186,27 @@ def _flex_args(q, k, v, tab, block_mask):
                   num_stages=1 if interpreting() else 2)
     sizes = (H, H // k.shape[1], T, k.shape[2], D, v.shape[-1], nq, nk, int(Bt > 1),
              int(Ht > 1), Ht)
-    return sizes, flags | launch
+    flags["SCORE_MOD"] = mod.kind
+    slopes = q if mod.slopes is None else mod.slopes
+    return sizes, slopes, (mod.offset, mod.cap), flags | launch
 
 
-def flex_forward(q, k, v, tab, block_mask, scale) -> tuple[Tensor, Tensor]:
+def flex_forward(q, k, v, tab, block_mask, scale, mod) -> tuple[Tensor, Tensor]:
     """Block-sparse flex forward: ``(out (B, H, T, Dv), lse (B, H, T) float32)``."""
     q, k, v = (_unit_last(t) for t in (q, k, v))
     B, H, T, _ = q.shape
     out = torch.empty(B, H, T, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
-    sizes, options = _flex_args(q, k, v, tab, block_mask)
+    sizes, slopes, mod_args, options = _flex_args(q, k, v, tab, block_mask, mod)
     triton_flex.flex_forward[(tab.slot.shape[2], B * H)](
-        q, k, v, out, lse, tab.kv_count, tab.kv_idx, tab.slot, tab.keep,
+        q, k, v, out, lse, tab.kv_count, tab.kv_idx, tab.slot, tab.keep, slopes,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-        *sizes, scale, **options,
+        *sizes, scale, *mod_args, **options,
     )
     return out, lse
 
 
-def flex_backward(q, k, v, out, lse_safe, dout, dlse, tab, block_mask, scale):
+def flex_backward(q, k, v, out, lse_safe, dout, dlse, tab, block_mask, scale, mod):
     """``(dq, dk, dv)`` of the block-sparse flex call (``lse_safe``: ``+inf`` on dead rows)."""
     q, k, v, dout = (_unit_last(t) for t in (q, k, v, dout))
     B, H, T, D = q.shape
@@ -215,14 +217,14 @@ def flex_backward(q, k, v, out, lse_safe, dout, dlse, tab, block_mask, scale):
     dq = torch.empty(B, H, T, D, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
-    sizes, options = _flex_args(q, k, v, tab, block_mask)
+    sizes, slopes, mod_args, options = _flex_args(q, k, v, tab, block_mask, mod)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
     triton_flex.flex_backward_dkdv[(tab.slot.shape[3], B * k.shape[1])](
         q, k, v, dout, lse_safe, delta, dk, dv, tab.q_count, tab.q_idx, tab.slot, tab.keep,
-        *strides, *sizes, scale, **options,
+        slopes, *strides, *sizes, scale, *mod_args, **options,
     )
     triton_flex.flex_backward_dq[(tab.slot.shape[2], B * H)](
         q, k, v, dout, lse_safe, delta, dq, tab.kv_count, tab.kv_idx, tab.slot, tab.keep,
-        *strides, *sizes, scale, **options,
+        slopes, *strides, *sizes, scale, *mod_args, **options,
     )
     return dq, dk, dv
