@@ -212,3 +212,22 @@ def test_mask_only_path_forward_and_gradients(mask, shape, dtype):
     for name, a, b in zip("qkv", got, want, strict=True):
         assert torch.isfinite(a).all(), f"d{name} has non-finite values"
         assert max_error(a, b) <= 10 * tol, f"d{name}: max error {max_error(a, b)}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_query_block_that_sees_no_key_gives_zero_rows(dtype):
+    """Every query of the first block sees nothing (issue 31: this raised a TypeError on the
+    fused path): zero rows, lse -inf, and gradients that flow, equal to the math backend."""
+    T = 40
+    bm = create_block_mask(lambda b, h, q, k: q >= 16, None, None, T, T, BLOCK_SIZE=16)
+    q, k, v = (torch.randn(1, 2, T, 8, dtype=dtype, requires_grad=True) for _ in range(3))
+    out, lse = qkv.flex_attention(q, k, v, block_mask=bm, return_lse=True)
+    assert (out[:, :, :16] == 0).all() and torch.isneginf(lse[:, :, :16]).all()
+    i = torch.arange(T)[:, None]
+    keep = (i >= 16).expand(T, T)
+    ref = qkv.scaled_dot_product_attention(q, k, v, attn_mask=keep, backend="math")
+    assert max_error(out, ref) <= 1e-5
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    refs = torch.autograd.grad(ref.sum(), (q, k, v))
+    for a, e in zip(grads, refs, strict=True):
+        assert max_error(a, e) <= 1e-5

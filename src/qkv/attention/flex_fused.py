@@ -131,6 +131,11 @@ def fused_row_block(q: Tensor, k: Tensor, v: Tensor, i0: int, spans, plan):
         if dead is not None:
             s_lse = s_lse.masked_fill(dead.expand(s_lse.shape), float("-inf"))
         out, lse = (o, s_lse) if out is None else merge_partials(out, lse, o, s_lse)
+    if out is None:  # a query group that sees no key at all: zero rows, lse -inf
+        B, H, bq = q.shape[:3]
+        out = q.new_zeros((B, H, bq, v.shape[-1]))
+        lse = torch.full((B, H, bq), float("-inf"), dtype=torch.float32 if q.dtype in (
+            torch.float16, torch.bfloat16) else q.dtype, device=q.device)
     return out, lse
 
 
