@@ -231,3 +231,31 @@ def test_a_query_block_that_sees_no_key_gives_zero_rows(dtype):
     refs = torch.autograd.grad(ref.sum(), (q, k, v))
     for a, e in zip(grads, refs, strict=True):
         assert max_error(a, e) <= 1e-5
+
+
+@pytest.mark.parametrize("block", [1.5, "128", True, (16, 16, 16), 0, (16, -1)])
+def test_bad_block_size_is_refused_by_name(block):
+    with pytest.raises(AttentionArgumentError, match="BLOCK_SIZE must be an int >= 1"):
+        create_block_mask(lambda b, h, i, j: i >= j, None, None, 64, 64, BLOCK_SIZE=block)
+
+
+@pytest.mark.parametrize(("length", "block"), [(10**12, 128), (2**20, 1)])
+def test_block_masks_too_large_to_build_are_refused_before_allocating(length, block):
+    with pytest.raises(AttentionArgumentError, match="tile states, over"):
+        create_block_mask(lambda b, h, i, j: i >= j, None, None, length, length,
+                          BLOCK_SIZE=block)
+
+
+@pytest.mark.parametrize(("mod", "message"), [
+    (lambda s, b, h, i, j: 1.0, "got float"),
+    (lambda s, b, h, i, j: None, "got NoneType"),
+    (lambda s, b, h, i, j: s > 0, "got dtype torch.bool"),
+    (lambda s, b, h, i, j: s.double(), "got dtype torch.float64"),
+    (lambda s, b, h, i, j: (s * 0).long(), "got dtype torch.int64"),
+    (lambda s, b, h, i, j: s[..., :3], "got shape"),
+])
+def test_a_score_mod_returning_the_wrong_thing_is_named(mod, message):
+    x = torch.randn(1, 2, 20, 8)
+    with pytest.raises((AttentionArgumentError, AttentionTypeError),
+                       match=f"score_mod <lambda> must return a torch.float32 tensor.*{message}"):
+        qkv.flex_attention(x, x, x, mod)

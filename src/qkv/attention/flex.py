@@ -247,12 +247,33 @@ def _tile_scores(qs: Tensor, k: Tensor, i0: int, span, plan: _Plan) -> Tensor:
     s = qs @ kt.to(qs.dtype).transpose(-2, -1)  # (B, H, bq, keys), scale already in qs
     rows, cols = range(i0, i0 + qs.shape[2]), range(j0, j1)
     if plan.score_mod is not None:
-        s = plan.score_mod(s, *index_grid(plan.B, plan.H, rows, cols, s.device))
-        s = torch.broadcast_to(s, (plan.B, plan.H, len(rows), len(cols)))
+        s = checked_scores(plan.score_mod(s, *index_grid(plan.B, plan.H, rows, cols, s.device)),
+                           s, plan.score_mod)
     if kind != FULL and plan.mask_mod is not None:
         keep = tile_keep(plan.mask_mod, plan.B, plan.H, rows, cols, s.device)
         s = s.masked_fill(~keep, float("-inf"))
     return s
+
+
+def checked_scores(got: object, scores: Tensor, score_mod) -> Tensor:
+    """``score_mod``'s result on a tile of ``scores (B, H, bq, keys)``, checked: a float
+    tensor of the scores' dtype that broadcasts to their shape (it is broadcast), else an
+    error naming the function, what it returned and what was expected."""
+    name = getattr(score_mod, "__name__", type(score_mod).__name__)
+    want = f"a {scores.dtype} tensor broadcastable to {tuple(scores.shape)}"
+    if not isinstance(got, Tensor):
+        raise AttentionTypeError(f"score_mod {name} must return {want}, got "
+                                 f"{type(got).__name__}")
+    if got.dtype != scores.dtype:
+        raise AttentionTypeError(
+            f"score_mod {name} must return {want}, got dtype {got.dtype} (compute in the "
+            "dtype of the score it is given)")
+    try:
+        return torch.broadcast_to(got, scores.shape)
+    except RuntimeError:
+        raise AttentionArgumentError(
+            f"score_mod {name} must return {want}, got shape {tuple(got.shape)}: write it "
+            "with elementwise torch operations of (score, b, h, q_idx, kv_idx)") from None
 
 
 def _fitted_row_block(q: Tensor, k: Tensor, v: Tensor, i0: int, tiles, plan: _Plan):

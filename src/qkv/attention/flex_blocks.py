@@ -104,6 +104,37 @@ def tile_keep(mask_mod: Callable, B: int, H: int, rows: range, cols: range, devi
         ) from None
 
 
+# What create_block_mask builds at most: the tile states (B·H·nQ·nK bytes) and one row of
+# tiles of mask_mod's output at a time (B·H·bq·KV_LEN bools); past these it refuses at once.
+MAX_TILES = 1 << 28
+MAX_ROW = 1 << 31
+
+
+def _block_size(block_size: object) -> tuple[int, int]:
+    """``(bq, bk)`` from an int or a pair of ints, each >= 1 (not bool, not float)."""
+    pair = (block_size, block_size) if not isinstance(block_size, (tuple, list)) else block_size
+    ok = len(pair) == 2 and all(
+        isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in pair)
+    if not ok:
+        raise AttentionArgumentError(
+            f"BLOCK_SIZE must be an int >= 1 or a pair (bq, bk) of them, got {block_size!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def _refuse_bombs(B: int, H: int, T: int, S: int, bq: int, nq: int, nk: int) -> None:
+    """Refuse, before allocating anything, a block mask too large to build."""
+    if B * H * nq * nk > MAX_TILES:
+        raise AttentionArgumentError(
+            f"create_block_mask would hold B·H·nQ·nK = {B}·{H}·{nq}·{nk} tile states, over "
+            f"{MAX_TILES:,}: use a larger BLOCK_SIZE, or B/H None for a mask that does not "
+            f"vary over them (Q_LEN={T}, KV_LEN={S})")
+    if B * H * min(bq, T) * S > MAX_ROW:
+        raise AttentionArgumentError(
+            f"create_block_mask evaluates mask_mod one row of tiles at a time, "
+            f"B·H·bq·KV_LEN = {B}·{H}·{min(bq, T)}·{S} values, over {MAX_ROW:,}: use a smaller "
+            "BLOCK_SIZE or shorter sequences")
+
+
 @dataclass(frozen=True, eq=False)
 class BlockMask:
     """Which tiles of a ``(B, H, Q_LEN, KV_LEN)`` attention a ``mask_mod`` leaves visible.
@@ -175,10 +206,9 @@ def create_block_mask(
                              ("KV_LEN", KV_LEN, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise AttentionArgumentError(f"{name} must be an int >= {low}, got {value!r}")
-    bq, bk = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else tuple(BLOCK_SIZE)
-    if min(bq, bk) < 1:
-        raise AttentionArgumentError(f"BLOCK_SIZE must be positive, got {BLOCK_SIZE!r}")
+    bq, bk = _block_size(BLOCK_SIZE)
     nq, nk = -(-Q_LEN // bq), -(-KV_LEN // bk)
+    _refuse_bombs(B, H, Q_LEN, KV_LEN, bq, nq, nk)
     state = torch.empty(B, H, nq, nk, dtype=torch.uint8)
     pad = nk * bk - KV_LEN
     for i in range(nq):
