@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from qkv.attention.masks import check_attn_mask
 from qkv.nn.core import AttentionCore
+from qkv.nn.options import AttentionOptions
 
 __all__ = ["NAME", "HFAttentionCore", "attach", "attention_forward", "register"]
 
@@ -213,7 +214,7 @@ def attention_forward(
     causal = bool(causal) and T > 1 and mask is None
     out, weights = core.attend(
         query, key, value, mask=mask, is_causal=causal, dropout_p=float(dropout),
-        need_weights=_weights_wanted(kwargs), scale=scaling,
+        need_weights=_weights_wanted(kwargs), options=AttentionOptions(scale=scaling),
         cross=bool(getattr(module, "is_cross_attention", False)),
     )  # (B, H, T, Dv), (B, H, T, S) | None
     return out.transpose(1, 2).contiguous(), weights  # (B, T, H, Dv)

@@ -13,6 +13,7 @@ from qkv.nn.feedforward import FeedForward, GeGLU, SwiGLU, make_feedforward
 from qkv.nn.heads import AttentionHead, HeadList, SelfAttention
 from qkv.nn.multihead import MultiheadAttention
 from qkv.nn.norms import make_norm
+from qkv.nn.options import AttentionOptions
 from qkv.nn.positions import (
     LearnedPositionalEmbedding,
     SinusoidalPositionalEncoding,
@@ -34,6 +35,7 @@ __all__ = [
     "Attention",
     "AttentionCore",
     "AttentionHead",
+    "AttentionOptions",
     "BahdanauAttention",
     "DropInArgumentError",
     "DropInTypeError",

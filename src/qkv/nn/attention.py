@@ -47,12 +47,13 @@ from torch import Tensor, nn
 from qkv.attention import masks
 from qkv.attention.flex_blocks import BlockMask
 from qkv.attention.score_mods import soft_cap
-from qkv.checks import is_number, positive_int, values_unknown
+from qkv.checks import positive_int, values_unknown
 from qkv.nn.alibi import alibi_bias, alibi_slopes
 from qkv.nn.cache import LayerKVCache
 from qkv.nn.core import AttentionCore
 from qkv.nn.hooks import check_flex_args
-from qkv.nn.norms import NORMS, make_norm
+from qkv.nn.norms import make_norm
+from qkv.nn.options import AttentionOptions
 from qkv.nn.rope import RotaryEmbedding
 from qkv.nn.static_cache import StaticLayerKVCache
 
@@ -61,15 +62,6 @@ __all__ = ["Attention"]
 
 def _shape(t: Tensor) -> str:
     return "(" + ", ".join(str(s) for s in t.shape) + ")"
-
-
-def _positive(name: str, value: object) -> float | None:
-    """None, or ``value`` as a float when it is a finite number > 0."""
-    if value is None:
-        return None
-    if not is_number(value) or not value > 0:
-        raise ValueError(f"{name} must be a finite number > 0 or None, got {value!r}")
-    return float(value)
 
 
 def _then(first: Callable, second: Callable) -> Callable:
@@ -93,21 +85,19 @@ class Attention(AttentionCore):
         bias: biases in the four projections.
         dropout: dropout on the attention weights, applied in training mode only.
         rope: rotary embedding applied to queries and keys (self-attention only).
-        alibi: add ALiBi distance biases (self-attention only).
-        alibi_symmetric: use ``-|i - j|`` distances (encoders) instead of causal ``j - i``.
-        scale: factor on ``q·k`` (default None: ``1/sqrt(D)``); a finite number > 0.
         qkv_bias: biases in ``q_proj``, ``k_proj`` and ``v_proj`` (None: follow ``bias``).
         k_bias: bias in ``k_proj`` alone (None: follow ``qkv_bias``, then ``bias``).
         out_bias: bias in ``out_proj`` (None: follow ``bias``).
-        qk_norm: None, ``"rmsnorm"`` or ``"layernorm"``: normalise each query and key head
-            over ``D`` (submodules ``q_norm``, ``k_norm``), after the projection and before
-            RoPE (Qwen3; Dehghani et al., 2023).
-        norm_eps: epsilon of the ``qk_norm`` layers.
-        window: None or a sliding causal window ``w`` (self-attention, with ``is_causal``):
-            query ``i`` sees keys ``j`` with ``i - w < j <= i``, aligned bottom-right with a
-            cache (Mistral; Beltagy et al., 2020).
-        softcap: None or ``cap > 0``: the scaled scores become ``cap·tanh(score / cap)``
-            before masking and softmax (Gemma 2); runs as a ``score_mod`` on the flex path.
+        options: an :class:`~qkv.nn.options.AttentionOptions` (default: none set).
+        **option_fields: its fields as keywords, replacing those of ``options``: ``alibi``
+            and ``alibi_symmetric`` (ALiBi distance biases, causal or ``-|i - j|``;
+            self-attention only), ``scale`` (the factor on ``q·k``, default ``1/sqrt(D)``),
+            ``qk_norm`` (None, ``"rmsnorm"`` or ``"layernorm"``: each query and key head
+            normalised over ``D`` by submodules ``q_norm``/``k_norm`` before RoPE: Qwen3) with
+            ``norm_eps``, ``window`` (a sliding causal window ``w``, self-attention with
+            ``is_causal``: query ``i`` sees ``i - w < j <= i``, bottom-right with a cache:
+            Mistral) and ``softcap`` (``cap·tanh(score / cap)`` on the scaled scores before
+            masking: Gemma 2; a ``score_mod`` on the flex path).
 
     Submodules ``q_proj (E -> H·D)``, ``k_proj (Ec -> Hkv·D)``, ``v_proj (Ec -> Hkv·D)`` and
     ``out_proj (H·D -> E)`` are ``nn.Linear``; head ``h`` owns rows ``h·D .. (h+1)·D - 1`` of
@@ -116,11 +106,9 @@ class Attention(AttentionCore):
     Raises:
         ValueError: non-positive sizes, ``d_model % num_heads != 0`` without ``d_head``,
             ``num_heads % num_kv_heads != 0``, ``dropout`` outside ``[0, 1)``, a rope whose
-            ``d_head`` differs, ``alibi_symmetric`` without ``alibi``, a ``scale``,
-            ``window`` or ``softcap`` that is not a positive number (int for ``window``), an
-            unknown ``qk_norm``.
+            ``d_head`` differs, an invalid option (see ``AttentionOptions``).
         TypeError: ``rope`` that is not a ``RotaryEmbedding``, a bias override that is not a
-            bool or None.
+            bool or None, an unknown option name.
     """
 
     def __init__(
@@ -134,16 +122,11 @@ class Attention(AttentionCore):
         bias: bool = True,
         dropout: float = 0.0,
         rope: RotaryEmbedding | None = None,
-        alibi: bool = False,
-        alibi_symmetric: bool = False,
-        scale: float | None = None,
         qkv_bias: bool | None = None,
         k_bias: bool | None = None,
         out_bias: bool | None = None,
-        qk_norm: str | None = None,
-        norm_eps: float = 1e-6,
-        window: int | None = None,
-        softcap: float | None = None,
+        options: AttentionOptions | None = None,
+        **option_fields,
     ) -> None:
         super().__init__()
         self.d_model = positive_int("d_model", d_model)
@@ -172,15 +155,10 @@ class Attention(AttentionCore):
             raise TypeError(f"rope must be a RotaryEmbedding or None, got {type(rope).__name__}")
         if rope is not None and rope.d_head != self.d_head:
             raise ValueError(f"rope.d_head ({rope.d_head}) must equal d_head ({self.d_head})")
-        if alibi_symmetric and not alibi:
-            raise ValueError("alibi_symmetric=True needs alibi=True")
         self.rope = rope
-        self.alibi = bool(alibi)
-        self.alibi_symmetric = bool(alibi_symmetric)
-        self.scale = _positive("scale", scale)
-        self.softcap = _positive("softcap", softcap)
-        self._cap_mod = None if softcap is None else soft_cap(float(softcap))
-        self.window = None if window is None else positive_int("window", window)
+        self.options = AttentionOptions.build(options, **option_fields)
+        cap = self.options.softcap
+        self._cap_mod = None if cap is None else soft_cap(cap)
         for name, flag in (("qkv_bias", qkv_bias), ("k_bias", k_bias), ("out_bias", out_bias)):
             if flag is not None and not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool or None, got {flag!r}")
@@ -192,11 +170,17 @@ class Attention(AttentionCore):
         self.k_proj = nn.Linear(self.d_context, Hkv * D, bias=key_bias)
         self.v_proj = nn.Linear(self.d_context, Hkv * D, bias=in_bias)
         self.out_proj = nn.Linear(H * D, d_model, bias=bias if out_bias is None else out_bias)
-        if qk_norm is not None and qk_norm not in NORMS:
-            raise ValueError(f"qk_norm must be None or one of {NORMS}, got {qk_norm!r}")
-        self.qk_norm = qk_norm
-        self.q_norm = None if qk_norm is None else make_norm(qk_norm, D, eps=norm_eps)
-        self.k_norm = None if qk_norm is None else make_norm(qk_norm, D, eps=norm_eps)
+        qk_norm, eps = self.options.qk_norm, self.options.norm_eps
+        self.q_norm = None if qk_norm is None else make_norm(qk_norm, D, eps=eps)
+        self.k_norm = None if qk_norm is None else make_norm(qk_norm, D, eps=eps)
+
+    # The options, read where they act (AttentionOptions is the one record of them).
+    alibi = property(lambda self: self.options.alibi)
+    alibi_symmetric = property(lambda self: self.options.alibi_symmetric)
+    scale = property(lambda self: self.options.scale)
+    window = property(lambda self: self.options.window)
+    softcap = property(lambda self: self.options.softcap)
+    qk_norm = property(lambda self: self.options.qk_norm)
 
     def extra_repr(self) -> str:
         parts = [f"d_model={self.d_model}", f"num_heads={self.num_heads}"]
@@ -207,12 +191,7 @@ class Attention(AttentionCore):
             parts.append(f"d_context={self.d_context}")
         if self.dropout:
             parts.append(f"dropout={self.dropout}")
-        if self.alibi:
-            parts.append("alibi=" + ("symmetric" if self.alibi_symmetric else "causal"))
-        for name in ("scale", "qk_norm", "window", "softcap"):
-            if getattr(self, name) is not None:
-                parts.append(f"{name}={getattr(self, name)!r}")
-        return ", ".join(parts)
+        return ", ".join(parts + self.options.described())
 
     def forward(
         self,
@@ -292,7 +271,7 @@ class Attention(AttentionCore):
             q, k, v, mask=mask, is_causal=causal_flag, alibi_slopes=slopes,
             dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights,
             cross=context is not None, score_mod=score_mod, block_mask=block_mask,
-            scale=self.scale, window=self.window,
+            options=self.options,
         )  # (B, H, T, Dv)
         return self.out_proj(self._merge(out)), weights
 

@@ -46,6 +46,7 @@ from qkv.nn.dropout import Dropout
 from qkv.nn.feedforward import make_feedforward
 from qkv.nn.hooks import HookPoint
 from qkv.nn.norms import make_norm
+from qkv.nn.options import AttentionOptions
 from qkv.nn.rope import RotaryEmbedding
 
 __all__ = ["NORM_PLACEMENTS", "TransformerBlock"]
@@ -90,15 +91,16 @@ class TransformerBlock(nn.Module):
         bias: biases in the attention projections, the feed-forward and LayerNorms.
         cross_attention: add a cross-attention sublayer (a decoder of an encoder-decoder).
         rope: rotary embedding for the self-attention (shared between blocks is fine).
-        alibi: ALiBi biases in the self-attention.
-        alibi_symmetric: ALiBi with ``-|i - j|`` distances (encoders).
-        scale, qkv_bias, k_bias, out_bias, qk_norm, softcap: passed to the attention
-            sublayers (see :class:`~qkv.nn.attention.Attention`; ``qk_norm`` uses
-            ``norm_eps``).
-        window: the self-attention's sliding causal window (None: none).
+        qkv_bias, k_bias, out_bias: passed to the attention sublayers (see
+            :class:`~qkv.nn.attention.Attention`).
         sandwich_norm: pre-norm only: also normalise each sublayer's output before the
             residual sum (submodules ``attn_out_norm``, ``cross_out_norm``, ``ffn_out_norm``;
             Gemma 2's post-attention and post-feed-forward norms).
+        options: the attention's :class:`~qkv.nn.options.AttentionOptions`, or its fields as
+            keywords (``alibi``, ``alibi_symmetric``, ``scale``, ``qk_norm``, ``window``,
+            ``softcap``, ...; ``qk_norm`` takes ``norm_eps`` unless given). The
+            self-attention takes them all; the cross-attention all but ALiBi and the window,
+            which work on positions within one sequence.
 
     Submodules: ``self_attn`` (:class:`Attention`), ``attn_norm``, ``cross_attn`` and
     ``cross_norm`` (None without cross-attention), ``attn_out_norm``, ``cross_out_norm`` and
@@ -127,16 +129,12 @@ class TransformerBlock(nn.Module):
         bias: bool = True,
         cross_attention: bool = False,
         rope: RotaryEmbedding | None = None,
-        alibi: bool = False,
-        alibi_symmetric: bool = False,
-        scale: float | None = None,
         qkv_bias: bool | None = None,
         k_bias: bool | None = None,
         out_bias: bool | None = None,
-        qk_norm: str | None = None,
-        window: int | None = None,
-        softcap: float | None = None,
         sandwich_norm: bool = False,
+        options: AttentionOptions | None = None,
+        **option_fields,
     ) -> None:
         super().__init__()
         if norm not in NORM_PLACEMENTS:
@@ -148,12 +146,13 @@ class TransformerBlock(nn.Module):
             )
         self.norm = norm
         self._residual = _RESIDUALS[norm]
-        attn = {"d_head": d_head, "bias": bias, "dropout": dropout, "scale": scale,
-                "qkv_bias": qkv_bias, "k_bias": k_bias, "out_bias": out_bias,
-                "qk_norm": qk_norm, "norm_eps": norm_eps, "softcap": softcap}  # fmt: skip
+        if options is None and "norm_eps" not in option_fields:
+            option_fields["norm_eps"] = norm_eps  # qk_norm follows the block's norms
+        opts = AttentionOptions.build(options, **option_fields)
+        attn = {"d_head": d_head, "bias": bias, "dropout": dropout, "qkv_bias": qkv_bias,
+                "k_bias": k_bias, "out_bias": out_bias}  # fmt: skip
         self.self_attn = Attention(
-            d_model, num_heads, num_kv_heads=num_kv_heads, rope=rope, alibi=alibi,
-            alibi_symmetric=alibi_symmetric, window=window, **attn,
+            d_model, num_heads, num_kv_heads=num_kv_heads, rope=rope, options=opts, **attn,
         )
 
         def norm_layer() -> nn.Module:
@@ -168,7 +167,8 @@ class TransformerBlock(nn.Module):
         self.cross_norm: nn.Module | None = None
         self.cross_out_norm: nn.Module | None = None
         if cross_attention:
-            self.cross_attn = Attention(d_model, num_heads, **attn)
+            self.cross_attn = Attention(d_model, num_heads, options=opts.for_cross_attention(),
+                                        **attn)
             self.cross_norm = norm_layer()
             self.cross_out_norm = out_norm()
         self.ffn = make_feedforward(activation, d_model, d_ff, dropout=dropout, bias=bias)

@@ -54,8 +54,11 @@ from qkv.attention.masks import accumulation_dtype
 from qkv.attention.sdpa import run_call
 from qkv.checks import values_unknown
 from qkv.nn.hooks import AttentionInputs, HookPoint, listening
+from qkv.nn.options import AttentionOptions
 
 __all__ = ["AttentionCore", "flex_dense"]
+
+_NO_OPTIONS = AttentionOptions()
 
 
 class AttentionCore(nn.Module):
@@ -87,10 +90,9 @@ class AttentionCore(nn.Module):
         dropout_p: float = 0.0,
         need_weights: bool = False,
         cross: bool = False,
-        scale: float | None = None,
         score_mod: Callable | None = None,
         block_mask: BlockMask | None = None,
-        window: int | None = None,
+        options: AttentionOptions | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attention of heads that are already projected; the arguments are trusted.
 
@@ -106,24 +108,27 @@ class AttentionCore(nn.Module):
             dropout_p: dropout on the weights (pass 0 in evaluation).
             need_weights: also return the weights ``(B, H, T, S)`` (after dropout, as SDPA).
             cross: the keys come from another sequence (recorded for :mod:`qkv.inspect`).
-            scale: factor on ``q·k``; ``1/sqrt(D)`` when None.
             score_mod: ``(score, b, h, q_idx, kv_idx) -> score`` (:func:`qkv.flex_attention`)
                 or None.
             block_mask: a ``BlockMask`` for ``(T, S)`` (:func:`qkv.create_block_mask`) or None.
                 With either, the call runs :func:`qkv.flex_attention` (see the module
                 docstring for how ``mask``, ``is_causal`` and ``alibi_slopes`` combine).
-            window: None or a sliding causal window ``w`` (needs ``is_causal``): query ``i``
-                sees only the ``w`` keys ending at its causal diagonal (itself included).
+            options: the module's :class:`~qkv.nn.options.AttentionOptions`, read here for
+                what acts in the kernel call: ``scale`` (the factor on ``q·k``, None:
+                ``1/sqrt(D)``) and ``window`` (a sliding causal window ``w``, with
+                ``is_causal``: query ``i`` sees only the ``w`` keys ending at its diagonal).
 
         Returns:
             ``(out (B, H, T, Dv), weights (B, H, T, S) or None)``; rows with no visible key
             give zeros.
         """
+        options = options or _NO_OPTIONS
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         inputs = AttentionInputs(
             q, k, v, attn_mask=mask, is_causal=is_causal, alibi_slopes=alibi_slopes,
-            enable_gqa=q.shape[1] != k.shape[1], dropout_p=dropout_p, cross=cross, scale=scale,
-            score_mod=score_mod, block_mask=block_mask, window=window,
+            enable_gqa=q.shape[1] != k.shape[1], dropout_p=dropout_p, cross=cross,
+            scale=options.scale, score_mod=score_mod, block_mask=block_mask,
+            window=options.window,
         )
         if self.hook_inputs.listening:
             replaced = self.hook_inputs(inputs)

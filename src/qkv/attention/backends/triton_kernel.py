@@ -41,10 +41,12 @@ MAX_HEAD_WIDTH = 256
 def why_not(call: AttentionCall) -> str | None:
     """Reasons the triton backend cannot honour ``call``, or ``None``."""
     q = call.query
-    if not installed():
-        return "the triton package is not installed (pip install triton)"
     if q.device.type != "cuda" and not (q.device.type == "cpu" and interpreting()):
         return f"runs on CUDA tensors (got {q.device.type}; TRITON_INTERPRET=1 runs it on CPU)"
+    if values_unknown(q):  # before the import check: a trace must not reach an import
+        return "tracing (torch.compile, export or the meta device): the kernels run eagerly"
+    if not installed():
+        return "the triton package is not installed (pip install triton)"
     if q.dtype not in _DTYPES:
         return f"computes float32, bfloat16 and float16, not {q.dtype}"
     if max(q.shape[-1], call.value.shape[-1]) > MAX_HEAD_WIDTH:
@@ -53,8 +55,6 @@ def why_not(call: AttentionCall) -> str | None:
         return "empty sequence (T or S is 0)"
     if call.need_weights and call.dropout_p > 0.0:
         return "weights after dropout cannot be rebuilt from the log-sum-exp"
-    if values_unknown(q):
-        return "tracing (torch.compile, export or the meta device): the kernels run eagerly"
     tensors = [t for t in (q, call.key, call.value, call.mask) if t is not None]
     if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors):
         return "torch.func transforms (vmap, grad) do not reach into Triton kernels"
