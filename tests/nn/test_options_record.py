@@ -49,8 +49,11 @@ def test_a_model_builds_the_record_once_from_its_config():
 
 
 @pytest.mark.parametrize(("make", "error", "match"), [
-    (lambda: Attention(16, 4, temperature=2.0), TypeError,
-     r"unknown attention option\(s\) temperature; the options are alibi, alibi_symmetric"),
+    (lambda: Attention(16, 4, heat=2.0), TypeError,
+     r"unknown attention option\(s\) heat; the options are alibi, alibi_symmetric"),
+    (lambda: AttentionOptions(temperature=(1.0, 0.0)), ValueError, "temperature must be"),
+    (lambda: Attention(16, 4, temperature=(1.0, 2.0))(torch.randn(1, 3, 16)), ValueError,
+     "temperature has 2 entries but the attention has H=4"),
     (lambda: Attention(16, 4, options={"window": 3}), TypeError,
      "options must be an AttentionOptions or None, got dict"),
     (lambda: AttentionOptions(window=0), ValueError, "window"),
@@ -94,3 +97,22 @@ def test_a_checkpoint_written_before_the_record_loads_and_computes_the_same(tmp_
     ids = torch.randint(0, 60, (2, 9))
     with torch.no_grad():
         assert_close(loaded(ids), model(ids), atol=0, name="old checkpoint")
+
+
+def test_per_head_temperature_divides_each_heads_scores():
+    """The option added to prove the record: three files (options.py, core.py, this test),
+    and it reaches Attention, TransformerBlock and DecoderLM's config with no other edit."""
+    torch.manual_seed(0)
+    taus = (0.5, 1.0, 2.0, 4.0)
+    attn = Attention(16, 4, temperature=taus).eval()
+    x = torch.randn(2, 5, 16)
+    _, weights = attn(x, need_weights=True)
+    q = attn.q_proj(x).view(2, 5, 4, 4).transpose(1, 2)  # (B, H, T, D)
+    k = attn.k_proj(x).view(2, 5, 4, 4).transpose(1, 2)
+    scores = q @ k.transpose(-2, -1) / 2.0 / torch.tensor(taus).view(4, 1, 1)  # D = 4
+    assert_close(weights, scores.softmax(-1), atol=1e-6, name="weights with temperatures")
+    cfg = DecoderLMConfig.llama_style(50, d_model=16, num_layers=2, num_heads=4,
+                                      attention_options={"temperature": list(taus)})
+    model = DecoderLM(cfg)
+    assert all(b.self_attn.options.temperature == taus for b in model.blocks)
+    assert DecoderLMConfig.from_dict(cfg.to_dict()).attention.temperature == taus

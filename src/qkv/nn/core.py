@@ -61,6 +61,14 @@ __all__ = ["AttentionCore", "flex_dense"]
 _NO_OPTIONS = AttentionOptions()
 
 
+def _temperatures(taus: tuple[float, ...], q: Tensor) -> Tensor:
+    """Per-head temperatures as ``(H, 1, 1)`` for queries ``q (B, H, T, D)``."""
+    if len(taus) != q.shape[1]:
+        raise ValueError(f"temperature has {len(taus)} entries but the attention has "
+                         f"H={q.shape[1]} query heads (one per head)")
+    return torch.tensor(taus, dtype=q.dtype, device=q.device).view(-1, 1, 1)
+
+
 class AttentionCore(nn.Module):
     """Base of every attention module: hook points, the kernel call, weights on request.
 
@@ -116,13 +124,16 @@ class AttentionCore(nn.Module):
             options: the module's :class:`~qkv.nn.options.AttentionOptions`, read here for
                 what acts in the kernel call: ``scale`` (the factor on ``q·k``, None:
                 ``1/sqrt(D)``) and ``window`` (a sliding causal window ``w``, with
-                ``is_causal``: query ``i`` sees only the ``w`` keys ending at its diagonal).
+                ``is_causal``: query ``i`` sees only the ``w`` keys ending at its diagonal),
+                and ``temperature`` (head ``h``'s scores divided by ``τ_h``).
 
         Returns:
             ``(out (B, H, T, Dv), weights (B, H, T, S) or None)``; rows with no visible key
             give zeros.
         """
         options = options or _NO_OPTIONS
+        if options.temperature is not None:
+            q = q / _temperatures(options.temperature, q)  # (B, H, T, D): scores / τ_h
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         inputs = AttentionInputs(
             q, k, v, attn_mask=mask, is_causal=is_causal, alibi_slopes=alibi_slopes,

@@ -14,6 +14,8 @@ keywords (``Attention(512, 8, window=256)``), validate them once, here, and keep
 ``softcap``     ``Attention``: ``cap·tanh(score / cap)`` on the scaled scores (a score mod)
 ``qk_norm``     ``Attention``: RMSNorm or LayerNorm of each query and key head over ``D``
 ``norm_eps``    ``Attention``: the epsilon of those norms
+``temperature`` ``AttentionCore``: per-head temperatures ``(τ_0 .. τ_{H-1})``, head ``h``'s
+                scores divided by ``τ_h`` (its queries are, before the kernel call)
 ============== ======================================================================
 
 Model configs keep their own serialised field names (``attn_scale``, ``attn_softcap``, ...),
@@ -64,6 +66,7 @@ class AttentionOptions:
     softcap: float | None = None
     qk_norm: str | None = None
     norm_eps: float = 1e-6
+    temperature: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         fix = object.__setattr__  # frozen: normalise the validated values in place
@@ -78,6 +81,12 @@ class AttentionOptions:
             raise ValueError("alibi_symmetric=True needs alibi=True")
         if self.qk_norm is not None and self.qk_norm not in NORMS:
             raise ValueError(f"qk_norm must be None or one of {NORMS}, got {self.qk_norm!r}")
+        if self.temperature is not None:
+            taus = self.temperature
+            if not isinstance(taus, (tuple, list)) or not taus:
+                raise ValueError(f"temperature must be None or a sequence of per-head numbers "
+                                 f"> 0, got {taus!r}")
+            fix(self, "temperature", tuple(_positive("temperature", t) for t in taus))
 
     @classmethod
     def build(cls, options: AttentionOptions | None = None, **fields) -> AttentionOptions:
