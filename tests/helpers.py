@@ -55,6 +55,24 @@ def assert_close(actual, expected, *, atol: float, rtol: float = 0.0, name: str 
         )
 
 
+def assert_lse_and_grads_close(got, want, inputs, inputs64, kind: str) -> None:
+    """``got = (out, lse)`` of float32 ``inputs (q, k, v)`` against ``want``, the same of
+    their float64 copies ``inputs64``: outputs and lse within 1e-5, the same rows with no
+    visible key (lse -inf), and the gradients of ``out`` and ``lse`` together within 2e-5."""
+    (out, lse), (ref, ref_lse) = got, want
+    assert_close(out, ref, atol=1e-5, rtol=1e-5, name=f"out {kind}")
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite), f"rows with no key differ ({kind})"
+    assert_close(lse[finite], ref_lse[finite], atol=1e-5, rtol=1e-5, name=f"lse {kind}")
+    g_out = torch.randn_like(ref)
+    g_lse = torch.randn_like(ref_lse).masked_fill(~finite, 0.0)
+    grads = torch.autograd.grad((out * g_out.float()).sum() + (lse * g_lse.float()).sum(),
+                                inputs)
+    refs = torch.autograd.grad((ref * g_out).sum() + (ref_lse * g_lse).sum(), inputs64)
+    for name, a, e in zip("qkv", grads, refs, strict=True):
+        assert_close(a, e, atol=2e-5, rtol=2e-5, name=f"d{name} {kind}")
+
+
 def backend_names(*, auto: bool = True) -> list[str]:
     """The attention backends a grid runs: ``["auto", *registry]``, fastest first.
 
