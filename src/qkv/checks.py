@@ -8,16 +8,25 @@ these helpers say "an int, not a bool" once. The module imports nothing from qkv
 positions against their ranges (``int(ids.max())``) are skipped then, so ``torch.compile``
 with ``fullgraph=True``, ``torch.export``, ONNX export and the meta device trace the models;
 shapes and dtypes are still checked, and an eager call checks the values as before.
+
+:func:`remember_checked` / :func:`checked_before` keep the last tensors whose values were
+checked (or are in range by construction: a position the generation loop computed, a token
+it chose from the logits), so a value check reads a tensor from the device once, not once per
+layer or per decoding step. A tensor is remembered by identity and version counter: changed
+in place since, or a new tensor at a reused address, it is read again; a view of a remembered
+tensor counts as checked (its values are among the base's).
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-__all__ = ["is_int", "is_number", "positive_int", "values_unknown"]
+__all__ = ["carry_checked", "checked_before", "is_int", "is_number", "positive_int",
+           "remember_checked", "values_unknown"]
 
 
 def is_int(value: object) -> bool:
@@ -48,3 +57,51 @@ def values_unknown(t: torch.Tensor) -> bool:
     Value checks (ids in range, a 0/1 mask) are skipped then; everything else is checked.
     """
     return torch.compiler.is_compiling() or t.device.type == "meta" or is_fake(t)
+
+
+# Tensors whose values were checked last: id -> (weak reference, version counter, what).
+_CHECKED: dict[int, tuple[weakref.ref, int, object]] = {}
+_CHECKED_MAX = 32
+
+
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # inference-mode tensors keep no version counter
+        return None
+
+
+def remember_checked(t: torch.Tensor, what: object, *, unversioned: bool = False
+                     ) -> torch.Tensor:
+    """Remember that ``t``'s values passed the check ``what`` (any hashable description, e.g.
+    ``("ids", vocab_size)``); returns ``t``. An inference-mode tensor keeps no version
+    counter: it is remembered (by identity alone) only with ``unversioned=True``, which the
+    generation loops, running in inference mode, pass for tensors they have just made."""
+    if _version(t) is None and not unversioned:
+        return t
+    if len(_CHECKED) >= _CHECKED_MAX:
+        _CHECKED.pop(next(iter(_CHECKED)))
+    _CHECKED[id(t)] = (weakref.ref(t), _version(t), what)
+    return t
+
+
+def carry_checked(source: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
+    """``view`` (a view of ``source``), remembered as checked when ``source`` is; returns it.
+    (An inference-mode view does not name its base, so the mark is carried by hand.)"""
+    entry = _CHECKED.get(id(source))
+    if entry is not None and entry[0]() is source and entry[1] == _version(source):
+        remember_checked(view, entry[2], unversioned=True)
+    return view
+
+
+def checked_before(t: torch.Tensor, what: object) -> bool:
+    """Whether ``t`` (or the tensor it is a view of) passed the check ``what`` unchanged."""
+    for candidate in (t, t._base):
+        if candidate is None:
+            continue
+        entry = _CHECKED.get(id(candidate))
+        if entry is not None and entry[0]() is candidate and entry[2] == what and (
+            entry[1] == _version(candidate)
+        ):
+            return True
+    return False

@@ -32,7 +32,6 @@ selection of heads, a slice of queries, a slice of keys.
 from __future__ import annotations
 
 import math
-import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -61,7 +60,7 @@ from qkv.attention.rows import (
     safe_row_max,
     safe_total,
 )
-from qkv.checks import values_unknown
+from qkv.checks import checked_before, remember_checked, values_unknown
 
 try:  # torch >= 2.2: causal mask objects (a tensor subclass with no usable storage)
     from torch.nn.attention.bias import CausalBias, CausalVariant
@@ -174,39 +173,12 @@ def check_attn_mask(
     if mask.is_floating_point():
         # while tracing the values cannot be read; a mask already checked (a model hands the
         # same one to every layer) is not read again
-        if not values_unknown(mask) and not _checked_before(given):
+        if not values_unknown(mask) and not checked_before(given, "float mask"):
             _check_float_values(mask, name)
-            _remember(given)
+            remember_checked(given, "float mask")
         if dtype is not None:
             mask = mask.to(mask_dtype(dtype, mask.dtype))
     return mask
-
-
-# The float masks whose values were checked last: id -> (weak reference, version counter). A
-# mask changed in place since (a new version) or a new tensor at a reused id is read again.
-_CHECKED: dict[int, tuple[weakref.ref, int]] = {}
-_CHECKED_MAX = 16
-
-
-def _version(mask: Tensor) -> int | None:
-    try:
-        return mask._version
-    except RuntimeError:  # inference-mode tensors keep no version counter
-        return None
-
-
-def _checked_before(mask: Tensor) -> bool:
-    entry = _CHECKED.get(id(mask))
-    return entry is not None and entry[0]() is mask and entry[1] == _version(mask) is not None
-
-
-def _remember(mask: Tensor) -> None:
-    version = _version(mask)
-    if version is None:
-        return
-    if len(_CHECKED) >= _CHECKED_MAX:
-        _CHECKED.pop(next(iter(_CHECKED)))
-    _CHECKED[id(mask)] = (weakref.ref(mask), version)
 
 
 def _check_float_values(mask: Tensor, name: str) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from qkv.checks import is_int
+from qkv.checks import is_int, remember_checked
 from qkv.generate.args import check_sampling, check_seed, special_ids
 from qkv.generate.compiled import open_session
 from qkv.generate.sampling import Sampler
@@ -36,12 +36,16 @@ def _steps(
     for t in range(max_new_tokens):
         # 2) choose a token per row; rows that already ended get padding
         tokens = choose(logits).masked_fill(finished, fill)  # (B,)
+        # Chosen among the logits (or the checked fill id): the model need not read them back.
+        remember_checked(tokens, ("ids", logits.shape[-1]), unversioned=True)
         yield tokens
         # 3) a row ends at EOS; stop when all have, or at the length limit
-        if eos_id is not None:
-            finished |= tokens == eos_id
-        if bool(finished.all()) or t == max_new_tokens - 1:
+        if t == max_new_tokens - 1:
             return
+        if eos_id is not None:  # (without an EOS no row ends early: no read of the device)
+            finished |= tokens == eos_id
+            if bool(finished.all()):
+                return
         # 4) one cached forward step for the chosen tokens
         logits = session.next(tokens)  # (B, V)
 

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.attention.threads import fitted
-from qkv.checks import is_int, positive_int
+from qkv.checks import carry_checked, is_int, positive_int, remember_checked
 
 __all__ = [
     "DecoderSession",
@@ -156,6 +156,7 @@ class DecoderSession:
             )
         device = model_device(model)
         self.model, self.batch = model, len(rows)
+        self.limit = getattr(model, "position_limit", None)  # what the model checks against
         ids = torch.zeros((self.batch, P), dtype=torch.long)  # (B, P), 0 under the mask
         keep = torch.zeros((self.batch, P), dtype=torch.bool)  # (B, P)
         for b, row in enumerate(rows):
@@ -164,7 +165,9 @@ class DecoderSession:
         self.ids = ids.to(device)
         # Without padding, no mask at all: the model keeps its plain causal path.
         self.mask = None if bool(keep.all()) else keep.to(device)  # (B, S) as S grows
-        self.positions = (keep.long().cumsum(1) - 1).clamp(min=0).to(device)  # (B, P)
+        self.positions = remember_checked(  # (B, P), in [0, P): the model need not read them
+            (keep.long().cumsum(1) - 1).clamp(min=0).to(device), ("positions", self.limit),
+            unversioned=True)
         # Room for every token up front: no step regrows (copies) the cache.
         params = inspect.signature(model.new_cache).parameters
         room = {"max_len": P + max_new_tokens} if "max_len" in params else {}
@@ -176,7 +179,8 @@ class DecoderSession:
         positions = None if self.mask is None else self.positions
         logits = self.model(self.ids, attention_mask=self.mask, cache=self.cache,
                             positions=positions)  # (B, P, V)  # fmt: skip
-        self.next_pos = self.positions[:, -1:] + 1  # (B, 1)
+        self.next_pos = remember_checked(self.positions[:, -1:] + 1,
+                                         ("positions", self.limit), unversioned=True)
         return logits[:, -1].float()  # (B, V)
 
     @fitted
@@ -187,15 +191,20 @@ class DecoderSession:
             ones = self.mask.new_ones((self.mask.shape[0], 1))  # (B, 1)
             self.mask = torch.cat([self.mask, ones], dim=1)  # (B, S + 1)
             positions = self.next_pos
-        logits = self.model(tokens[:, None], attention_mask=self.mask, cache=self.cache,
+        ids = carry_checked(tokens, tokens[:, None])  # (B, 1): chosen by a loop, not re-read
+        logits = self.model(ids, attention_mask=self.mask, cache=self.cache,
                             positions=positions)  # (B, 1, V)  # fmt: skip
-        self.next_pos = self.next_pos + 1
+        # In range by construction (each forward checks the length against the table), so
+        # the model does not read them back at the next step.
+        self.next_pos = remember_checked(self.next_pos + 1, ("positions", self.limit),
+                                         unversioned=True)
         return logits[:, -1].float()  # (B, V)
 
     def select(self, rows: Tensor) -> None:
         """Keep batch rows ``rows (B',)`` in that order."""
         self.cache.reorder(rows)
-        self.next_pos = self.next_pos[rows]  # (B', 1)
+        self.next_pos = remember_checked(self.next_pos[rows], ("positions", self.limit),
+                                         unversioned=True)
         if self.mask is not None:
             self.mask = self.mask[rows]  # (B', S)
         self.batch = rows.numel()

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from qkv.attention.flex_blocks import BlockMask, create_block_mask
 from qkv.attention.mods import document_mask
-from qkv.checks import values_unknown
+from qkv.checks import checked_before, values_unknown
 from qkv.nn.cache import KVCache
 from qkv.nn.positions import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from qkv.nn.relative_bias import RelativePositionBias
@@ -170,6 +170,8 @@ def check_ids(name: str, ids: object, vocab_size: int) -> Tensor:
         raise ValueError(f"{name} must have shape (B, T) with B, T >= 1, got {_shape(ids)}")
     if values_unknown(ids):  # tracing (compile, export) or the meta device: shapes only
         return ids
+    if checked_before(ids, ("ids", vocab_size)):  # chosen from logits by a generation loop
+        return ids
     lo, hi = _min_max(ids)
     if lo < 0 or hi >= vocab_size:
         raise ValueError(
@@ -207,8 +209,8 @@ def check_positions(
         raise ValueError(
             f"positions must have shape (B, T) = ({B}, {T}) or (T,), got {_shape(positions)}"
         )
-    if values_unknown(positions):
-        return positions
+    if values_unknown(positions) or checked_before(positions, ("positions", max_len)):
+        return positions  # (checked: computed by a decoding session, in range by construction)
     lo, hi = _min_max(positions)
     if lo < 0 or (max_len is not None and hi >= max_len):
         bound = "" if max_len is None else f", max_len={max_len} (learned positions)"
