@@ -194,6 +194,19 @@ def test_check_out_folder(tmp_path):
         check_out_folder(tmp_path / "f")
     with pytest.raises(ValueError, match=r"--out .* cannot be created: .*/f is a file"):
         check_out_folder(tmp_path / "f" / "a" / "b")
+    for empty in ("", ".", "  "):  # issue 31: '' wrote a run into the working folder
+        with pytest.raises(ValueError, match=r"is the current folder; name a folder"):
+            check_out_folder(empty)
+
+
+def test_an_empty_model_name_is_refused():
+    """Issue 31: ``qkv generate --model ''`` loaded whatever run the working folder held."""
+    from qkv.cli.generate_cmd import resolve_source
+
+    with pytest.raises(ValueError, match="--model is empty"):
+        resolve_source(None, "")
+    with pytest.raises(ValueError, match="CHECKPOINT is empty"):
+        resolve_source(" ", None)
 
 
 def test_generate_default_length_fits_a_small_max_len(files):

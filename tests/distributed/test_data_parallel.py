@@ -230,3 +230,22 @@ def test_qkv_train_under_torchrun_equals_one_process(tmp_path):
     records = [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().split("\n")
                if x]  # fmt: skip
     assert [r["step"] for r in records if r["split"] == "valid"] == [3]  # written once
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"RANK": "banana", "WORLD_SIZE": "2"}, r"RANK='banana' must be an integer >= 0"),
+    ({"RANK": "5", "WORLD_SIZE": "2"}, r"RANK=5 must be below WORLD_SIZE=2"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, r"WORLD_SIZE=0 must be >= 1"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-1"}, r"LOCAL_RANK=-1 must be >= 0"),
+])
+def test_bad_torchrun_variables_are_named_before_any_rendezvous(monkeypatch, env, message):
+    """Issue 31: RANK=banana gave an error not naming RANK; RANK=5 of 2 waited for peers."""
+    from qkv.distributed.data_parallel import init_distributed
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29999")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=message):
+        init_distributed("cpu", timeout=5)

@@ -40,3 +40,18 @@ def test_a_torch_style_except_block_keeps_working():
         assert "embed_dim=8" in str(error)
     else:
         raise AssertionError("no error raised")
+
+
+def test_a_nested_tensor_input_is_refused_by_name():
+    """Issue 31: torch's "NestedTensorImpl doesn't support sizes" came out instead."""
+    import warnings
+
+    from qkv.nn import MultiheadAttention
+    from qkv.nn.errors import DropInTypeError
+
+    m = MultiheadAttention(8, 2, batch_first=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: nested tensors are a prototype
+        x = torch.nested.nested_tensor([torch.randn(3, 8), torch.randn(5, 8)])
+    with pytest.raises(DropInTypeError, match=r"query is a nested tensor; .* pad the sequences"):
+        m(x, x, x)

@@ -146,3 +146,15 @@ def test_invert_entries_checks_coverage_and_ties():
         invert_entries([tied], {"x": a, "y": a + 1})
     with pytest.raises(ValueError, match="have no Hugging Face name"):
         invert_entries([Entry("x", (2, 3), (("x", None),))], {"x": a, "z": a})
+
+
+def test_a_file_or_an_empty_path_is_never_written_over(tmp_path):
+    """Issue 31: overwrite=True onto a regular file replaced it; '' meant the current folder."""
+    model = _model("llama gqa")
+    target = tmp_path / "notes.txt"
+    target.write_text("mine")
+    with pytest.raises(FileExistsError, match="is a file, not a folder"):
+        save_hf(model, target, overwrite=True)
+    assert target.read_text() == "mine"
+    with pytest.raises(ValueError, match="path is empty"):
+        save_hf(model, "", overwrite=True)

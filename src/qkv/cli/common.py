@@ -142,9 +142,13 @@ def check_out_folder(path: str | Path, option: str = "--out") -> Path:
     it is a file.
 
     Raises:
-        ValueError: ``"--out x/y is a file, not a folder"`` or ``"--out x/y cannot be
-            created: x is a file, not a folder"``.
+        ValueError: ``"--out x/y is a file, not a folder"``, ``"--out x/y cannot be
+            created: x is a file, not a folder"``, or an empty path or ``.`` (the current
+            folder: typer turns ``''`` into ``.``).
     """
+    if not str(path).strip() or Path(path) == Path("."):
+        raise ValueError(f"{option} {str(path)!r} is the current folder; name a folder for the "
+                         "files (the working folder is never written into)")
     folder = Path(path).expanduser()
     for above in (folder, *folder.parents):
         if above.is_dir():

@@ -71,8 +71,8 @@ def resolve_source(checkpoint: str | None, model: str | None) -> Source:
     name is accepted too.
 
     Raises:
-        ValueError: both or neither given; a positional path that does not exist and is not a
-            packaged name (the message lists the known names).
+        ValueError: both or neither given, an empty one; a positional path that does not
+            exist and is not a packaged name (the message lists the known names).
     """
     from qkv.pretrained import known_names
 
@@ -83,6 +83,10 @@ def resolve_source(checkpoint: str | None, model: str | None) -> Source:
         )
     given = checkpoint if checkpoint is not None else model
     assert given is not None
+    if not given.strip():
+        what = "CHECKPOINT" if checkpoint is not None else "--model"
+        raise ValueError(f"{what} is empty; name a checkpoint folder, a model folder or a "
+                         "packaged name (an empty path would be the current folder)")
     path = Path(given).expanduser()
     if path.is_dir():
         if is_qkv_checkpoint(path):

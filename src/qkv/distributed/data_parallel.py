@@ -150,8 +150,12 @@ def init_distributed(device: str | torch.device = "cpu", *,
         return current_world()
     if not launched():
         return World()
-    size, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-    world = World(rank, size, int(os.environ.get("LOCAL_RANK", rank)))
+    size, rank = _env_int("WORLD_SIZE", 1), _env_int("RANK", 0)
+    if rank >= size:
+        raise ValueError(f"environment variable RANK={rank} must be below WORLD_SIZE={size} "
+                         "(ranks are 0 .. WORLD_SIZE-1)")
+    local = _env_int("LOCAL_RANK", 0) if "LOCAL_RANK" in os.environ else rank
+    world = World(rank, size, local)
     dev = rank_device(device, world)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
@@ -160,6 +164,23 @@ def init_distributed(device: str | torch.device = "cpu", *,
     dist.init_process_group(backend_for(dev), rank=rank, world_size=size,
                             timeout=timedelta(seconds=timeout))  # fmt: skip
     return world
+
+
+def _env_int(name: str, minimum: int) -> int:
+    """The integer environment variable ``name`` (set by torchrun), >= ``minimum``.
+
+    Raises:
+        ValueError: naming the variable, what it holds and what was expected.
+    """
+    text = os.environ[name]
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={text!r} must be an integer "
+                         f">= {minimum}") from None
+    if value < minimum:
+        raise ValueError(f"environment variable {name}={value} must be >= {minimum}")
+    return value
 
 
 def shutdown() -> None:

@@ -236,6 +236,11 @@ class MultiheadAttention(AttentionCore):
         for name, x in (("query", query), ("key", key), ("value", value)):
             if not isinstance(x, Tensor):
                 raise DropInTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+            if x.is_nested or x.layout != torch.strided:
+                kind = "a nested tensor" if x.is_nested else f"a {x.layout} tensor"
+                raise DropInTypeError(
+                    f"{name} is {kind}; qkv's MultiheadAttention takes dense tensors: pad the "
+                    "sequences (torch.nested.to_padded_tensor) and pass key_padding_mask")
         layout = "(N, T, E)" if self.batch_first else "(T, N, E)"
         if query.dim() not in (2, 3):
             raise DropInArgumentError(

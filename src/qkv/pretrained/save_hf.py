@@ -257,7 +257,8 @@ def save_hf(model_or_bundle: Any, path: str | os.PathLike, *, overwrite: bool = 
         TypeError: another kind of model, or a tokenizer with no Hugging Face form (only a
             :class:`~qkv.pretrained.PretrainedTokenizer` has one).
         ValueError: an option the family has no equivalent for (named, see :func:`hf_config`).
-        FileExistsError: ``path`` exists and ``overwrite`` is False.
+        FileExistsError: ``path`` exists and ``overwrite`` is False, or is a file.
+        ValueError: an empty ``path``.
         OSError: the folder cannot be written (nothing is left half-written).
     """
     from safetensors.torch import save_file
@@ -272,6 +273,12 @@ def save_hf(model_or_bundle: Any, path: str | os.PathLike, *, overwrite: bool = 
                         "Hugging Face form; save the model alone: save_hf(bundle.model, path)")
     tensors = invert_entries(_entries(kind, model), model.state_dict())
     dest = Path(path)
+    if str(path) == "":
+        raise ValueError("path is empty; name the folder to write (an empty path would be the "
+                         "current folder)")
+    if dest.exists() and not dest.is_dir():
+        raise FileExistsError(f"{dest} is a file, not a folder; save_hf writes a folder and "
+                              "never replaces a file, even with overwrite=True")
     if dest.exists() and not overwrite:
         raise FileExistsError(f"{dest} exists; pass overwrite=True to replace it")
 
