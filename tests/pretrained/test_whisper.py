@@ -305,3 +305,21 @@ def test_bad_config_json_is_refused_by_name(key, value, message, tmp_path):
     with pytest.raises(BadFileError, match=message) as err:
         qkv.pretrained.load(tmp_path)
     assert "config.json" in str(err.value)
+
+
+@pytest.mark.parametrize(("rate", "peak", "match"), [
+    (1, 0.5, r"a sample rate of 1 Hz; expected 1,000 to 384,000 Hz"),
+    (16000, 1e30, r"sample 7 is 1e\+30; audio samples lie in \[-1, 1\]"),
+])
+def test_files_that_lie_about_rate_or_amplitude_are_refused_by_name(tmp_path, rate, peak,
+                                                                    match):
+    """Issue 31: a 1 Hz header was upsampled 16,000x; samples at 1e30 failed later without
+    naming the file."""
+    sf = pytest.importorskip("soundfile")
+    samples = np.zeros(64, dtype=np.float32)
+    samples[7] = peak
+    path = tmp_path / "odd.wav"
+    sf.write(str(path), samples, rate, subtype="FLOAT")
+    with pytest.raises(BadFileError, match=match) as info:
+        audio.load_audio(path)
+    assert "odd.wav" in str(info.value)

@@ -80,3 +80,10 @@ def test_from_toml_bad_value_and_bad_syntax_name_the_file(tmp_path):
         TrainConfig.from_toml(path)
     with pytest.raises(FileNotFoundError, match=r"no TrainConfig TOML file at"):
         TrainConfig.from_toml(tmp_path / "missing.toml")
+
+
+def test_a_step_count_no_run_could_finish_is_refused():
+    """Issue 31: ``qkv train --steps 10**30`` ran with no end in sight."""
+    with pytest.raises(ValueError, match=r"steps must be at most 1,000,000,000"):
+        TrainConfig(steps=10**30)
+    assert TrainConfig(steps=10**9).steps == 10**9

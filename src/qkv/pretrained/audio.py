@@ -93,7 +93,8 @@ def load_audio(path: str | os.PathLike) -> np.ndarray:
 
     Raises:
         MissingFileError: no file at ``path``.
-        BadFileError: a file libsndfile cannot decode, an empty one, or non-finite samples.
+        BadFileError: a file libsndfile cannot decode, an empty one, a sample rate outside
+            1 kHz .. 384 kHz, non-finite samples or samples far outside [-1, 1].
         ImportError: ``soundfile`` or ``soxr`` missing (the message says how to install).
     """
     path = Path(path)
@@ -110,9 +111,24 @@ def load_audio(path: str | os.PathLike) -> np.ndarray:
     return _prepare(data.mean(axis=1), int(rate), str(path))
 
 
+# Sample rates a file may declare (telephone 8 kHz is far above the low end; 384 kHz is the
+# highest rate audio interfaces record), and the largest |sample| of float audio, whose range
+# is [-1, 1] (a little over it is clipping; 1e30 is not audio and overflows the features).
+RATES = (1_000, 384_000)
+MAX_AMPLITUDE = 1e3
+
+
 def _prepare(samples: np.ndarray, rate: int, what: str) -> np.ndarray:
+    if not RATES[0] <= rate <= RATES[1]:
+        raise BadFileError(f"{what}: a sample rate of {rate} Hz; expected {RATES[0]:,} to "
+                           f"{RATES[1]:,} Hz (resampling {rate} Hz to {SAMPLE_RATE} would "
+                           "invent the audio)", path=what)
     if not np.isfinite(samples).all():
         raise BadFileError(f"{what}: audio holds NaN or infinite samples", path=what)
+    peak = int(np.argmax(np.abs(samples)))
+    if abs(float(samples[peak])) > MAX_AMPLITUDE:
+        raise BadFileError(f"{what}: sample {peak} is {float(samples[peak]):.3g}; audio samples "
+                           f"lie in [-1, 1] (at most {MAX_AMPLITUDE:g} accepted)", path=what)
     if rate != SAMPLE_RATE:
         soxr = require("soxr", "soxr")
         samples = soxr.resample(samples, rate, SAMPLE_RATE)

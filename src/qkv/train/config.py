@@ -26,6 +26,9 @@ from qkv.data.files import read_toml
 
 __all__ = ["METRIC_MODES", "SCHEDULES", "TrainConfig"]
 
+# The most optimizer steps a config accepts (qkv train --steps 10**30 ran with no end).
+MAX_STEPS = 10**9
+
 SCHEDULES = ("inverse_sqrt", "cosine", "constant")
 # Metrics that early stopping and the ``best`` checkpoint may watch, and which way is better.
 METRIC_MODES = {
@@ -179,6 +182,9 @@ class TrainConfig:
                 raise ValueError(f"{name} must be an int >= {low}{none}, got {v!r}")
         if not is_int(self.seed):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
+        if self.steps > MAX_STEPS:  # a typo, not a plan: refused before anything is built
+            raise ValueError(f"steps must be at most {MAX_STEPS:,} (at 1,000 steps a second, "
+                             f"11 days of training), got {self.steps:,}")
 
     def _check_floats(self) -> None:
         checks = [
