@@ -210,3 +210,11 @@ def test_static_memory_session_equals_dynamic_and_compiled_greedy_equals_eager()
     want = greedy(model, inputs, max_new_tokens=8, eos_id=None)
     got = greedy(model, inputs, max_new_tokens=8, eos_id=None, compile=True)
     assert torch.equal(got, want), (got.tolist(), want.tolist())
+
+
+def test_a_static_cache_of_another_batch_size_is_named():
+    """Issue 31: a batch-1 cache given a batch-3 input failed inside index_copy_."""
+    cache = _model().new_cache(1, 8, static=True)
+    cache.set_slots(torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match=r"static cache holds .* batch_size=3"):
+        _model()(torch.tensor([[1, 2, 3]] * 3), cache=cache)

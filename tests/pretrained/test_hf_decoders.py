@@ -205,3 +205,14 @@ def test_rope_settings_read_old_and_new_config_forms():
                                         "short_factor": [1.0]}}, "x", 16)  # fmt: skip
     with pytest.raises(ValueError, match=r"partial_rotary_factor=0\.2 gives a rotary width of 3"):
         rope_settings({"partial_rotary_factor": 0.2}, "x", 16)
+
+
+@pytest.mark.parametrize("window", [0, -4, True, 2.5, "8"])
+def test_a_sliding_window_of_no_key_is_refused(window):
+    """Issue 31: ``sliding_window: 0`` loaded for Qwen2 and Gemma 2 where transformers
+    refuses it."""
+    from qkv.pretrained.hf_llama import hf_windows
+
+    with pytest.raises(ValueError, match="sliding_window must be a positive int or null"):
+        hf_windows({"sliding_window": window, "use_sliding_window": False}, 2)
+    assert hf_windows({"sliding_window": None}, 2) == {}

@@ -42,7 +42,18 @@ class StaticLayerKVCache:
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write ``k (B, Hkv, T, D)`` and ``v (B, Hkv, T, Dv)`` at the slots; returns every
-        slot ``(B, Hkv, L, D)``, ``(B, Hkv, L, Dv)`` (the keep mask hides unwritten ones)."""
+        slot ``(B, Hkv, L, D)``, ``(B, Hkv, L, Dv)`` (the keep mask hides unwritten ones).
+
+        Raises:
+            ValueError: keys of another batch size, head count or width than the cache was
+                made for (``index_copy_`` said only "same slice shapes").
+        """
+        want, got = self.k.shape, k.shape
+        if (got[0], got[1], got[3]) != (want[0], want[1], want[3]):
+            raise ValueError(
+                f"the static cache holds (B, Hkv, L, D) = {tuple(want)} but this step's keys "
+                f"are {tuple(got)}: make the cache for this batch (new_cache(static=True, "
+                f"batch_size={got[0]}))")
         self.k.index_copy_(2, self.slots, k.to(self.k.dtype))
         self.v.index_copy_(2, self.slots, v.to(self.v.dtype))
         return self.k, self.v

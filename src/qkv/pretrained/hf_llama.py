@@ -129,6 +129,10 @@ def hf_windows(hf: Mapping[str, Any], num_layers: int) -> dict[str, Any]:
     types = hf.get("layer_types")
     if window is None:
         return {}
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        # (transformers refuses 0 for some families and accepts it for others; a window of no
+        # key is never a model)
+        raise ValueError(f"sliding_window must be a positive int or null, got {window!r}")
     if isinstance(types, list) and len(types) == num_layers:
         windows = tuple(window if t == "sliding_attention" else None for t in types)
         return {"layer_windows": windows} if any(windows) else {}
