@@ -216,3 +216,34 @@ def test_a_sliding_window_of_no_key_is_refused(window):
     with pytest.raises(ValueError, match="sliding_window must be a positive int or null"):
         hf_windows({"sliding_window": window, "use_sliding_window": False}, 2)
     assert hf_windows({"sliding_window": None}, 2) == {}
+
+
+@pytest.mark.parametrize("family", ["Qwen2", "Mistral"])
+def test_a_folder_that_says_tied_but_stores_another_head_loads_as_transformers_does(
+        family, tmp_path):
+    """Issue 31: ``tie_word_embeddings: true`` with a distinct ``lm_head.weight`` loaded tied
+    (logits 2.0-2.7 from transformers'); transformers keeps the stored head, and so does qkv
+    now, with a warning naming the file."""
+    transformers = pytest.importorskip("transformers")
+    import json
+    import warnings
+
+    from qkv.pretrained import load
+
+    config = getattr(transformers, f"{family}Config")(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+        max_position_embeddings=64)
+    torch.manual_seed(0)
+    getattr(transformers, f"{family}ForCausalLM")(config).save_pretrained(tmp_path)
+    hf_config = json.loads((tmp_path / "config.json").read_text())
+    hf_config["tie_word_embeddings"] = True  # the lie
+    (tmp_path / "config.json").write_text(json.dumps(hf_config))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with pytest.warns(UserWarning, match="tie_word_embeddings is true but lm_head.weight"):
+        bundle = load(str(tmp_path))
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        assert_close(bundle.model(ids), reference(ids).logits, atol=1e-4, name=family)

@@ -112,6 +112,20 @@ class HFWeights:
         """Number of values stored, over all tensors."""
         return sum(math.prod(shape) for shape in self.shapes.values())
 
+    def read_some(self, names: tuple[str, ...]) -> dict[str, Tensor]:
+        """Only the tensors ``names`` that the folder holds, on the CPU (not checked)."""
+        if self._pickled is not None:
+            return {n: self._pickled[n] for n in names if n in self._pickled}
+        from safetensors import safe_open
+
+        found: dict[str, Tensor] = {}
+        for f in self._files:
+            wanted = [n for n in names if n in f.shapes]
+            if wanted:
+                with safe_open(str(f.path), framework="pt") as handle:
+                    found.update({n: handle.get_tensor(n) for n in wanted})
+        return found
+
     def read(self) -> dict[str, Tensor]:
         """Every tensor on the CPU, each floating-point one checked finite.
 

@@ -23,11 +23,14 @@ gets mean pooling and normalisation.
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from qkv.checks import positive_int
@@ -120,6 +123,24 @@ def _config(kind: str, hf: dict[str, Any], folder: Path, config_file: Path) -> t
         return llama_config(hf, where=where), extras
 
 
+def _untie_if_distinct(config: Any, weights: Any, kind: str, config_file: Path) -> Any:
+    """A Llama-like config that says ``tie_word_embeddings`` while the folder stores an
+    ``lm_head.weight`` unequal to the embeddings is loaded untied, with that head, as
+    transformers loads it (it warns and does not tie); a warning names the file."""
+    if kind in ("bert", "gpt2") or not getattr(config, "tie_embeddings", False):
+        return config
+    embed, head = HF_LLAMA_NAMES["embed"], HF_LLAMA_NAMES["lm_head"]
+    if head not in weights.shapes or weights.shapes[head] != weights.shapes.get(embed):
+        return config
+    found = weights.read_some((embed, head))
+    if len(found) < 2 or torch.equal(found[embed], found[head]):
+        return config
+    warnings.warn(f"{config_file}: tie_word_embeddings is true but {head} differs from the "
+                  f"embeddings; loaded untied with the stored head, as transformers does "
+                  f"(set tie_word_embeddings to false to silence this)", stacklevel=3)
+    return dataclasses.replace(config, tie_embeddings=False)
+
+
 def load_hf_folder(folder: str | Path, *, name: str | None = None) -> Any:
     """Load a Hugging Face-format folder (BERT, GPT-2, the Llama-like decoders, or an
     encoder-decoder: BART, T5, Marian) into a bundle.
@@ -161,6 +182,7 @@ def load_hf_folder(folder: str | Path, *, name: str | None = None) -> Any:
     family = _FAMILIES[kind]
     weights = open_weights(folder)  # the header only: shapes, no data
     config, extras = _config(kind, hf, folder, config_file)
+    config = _untie_if_distinct(config, weights, kind, config_file)
     ignored = family.ignored(config)
     entries = check_folder_model(config, weights, family.model, entries=family.entries,
                                  ignored=ignored, config_file=config_file)  # fmt: skip
