@@ -247,3 +247,15 @@ def test_a_folder_that_says_tied_but_stores_another_head_loads_as_transformers_d
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     with torch.no_grad():
         assert_close(bundle.model(ids), reference(ids).logits, atol=1e-4, name=family)
+
+
+def test_a_tokenizer_file_that_is_a_folder_is_named(tmp_path):
+    """Issue 31: a Phi-3 folder whose tokenizer.json was a directory loaded with no tokenizer
+    and no word."""
+    from qkv.data.files import BadFileError
+    from qkv.pretrained.hf_tokenizer import tokenizer_from_folder
+
+    (tmp_path / "tokenizer.json").mkdir()
+    with pytest.raises(BadFileError, match=r"tokenizer\.json: expected a file, found a folder"):
+        tokenizer_from_folder(tmp_path)
+    assert tokenizer_from_folder(tmp_path / "tokenizer.json") is None  # no tokenizer files

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qkv.data.files import read_json, reading
+from qkv.data.files import BadFileError, read_json, reading
 from qkv.pretrained.errors import require
 from qkv.pretrained.tokenizer import PretrainedTokenizer
 
@@ -39,6 +39,20 @@ def _chat_template(folder: Path, tok_config: dict[str, Any]) -> str | None:
         with reading(jinja, "a UTF-8 Jinja template"):
             template = jinja.read_text(encoding="utf-8")
     return template if isinstance(template, str) else None
+
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt",
+                   "tokenizer_config.json", "special_tokens_map.json")
+
+
+def _refuse_non_files(folder: Path) -> None:
+    """A tokenizer file name that is a folder (or anything but a file) is refused: skipping it
+    loaded a model with no tokenizer and no word (issue 31)."""
+    for name in TOKENIZER_FILES:
+        path = folder / name
+        if path.exists() and not path.is_file():
+            raise BadFileError(f"{path}: expected a file, found a "
+                               f"{'folder' if path.is_dir() else 'special file'}", path=path)
 
 
 def _backend(folder: Path, tok_config: dict[str, Any]) -> Any | None:
@@ -88,10 +102,11 @@ def tokenizer_from_folder(
 
     Raises:
         ImportError: ``tokenizers`` missing (with the install command).
-        qkv.data.files.BadFileError (a ValueError): a tokenizer file that is malformed or
-            that the ``tokenizers`` library refuses (named).
+        qkv.data.files.BadFileError (a ValueError): a tokenizer file that is malformed,
+            that the ``tokenizers`` library refuses, or that is a folder (named).
     """
     folder = Path(folder)
+    _refuse_non_files(folder)
     tok_config: dict[str, Any] = {}
     for name in ("special_tokens_map.json", "tokenizer_config.json"):
         if (folder / name).is_file():
