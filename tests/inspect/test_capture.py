@@ -234,3 +234,41 @@ def test_weights_of_rows_heads_with_every_mask_part(is_causal, alibi, rows):
     assert_close(got, ref[:, [3, 1], span], atol=1e-12, name=f"causal={is_causal} alibi={alibi}")
     blocks = list(qi.weights.weight_blocks(inputs, heads=[3, 1], rows=rows, block_rows=3))
     assert_close(torch.cat([w for _, w in blocks], 2), got, atol=1e-12, name="in blocks of 3")
+
+
+def test_captures_in_several_threads_at_once_each_record_their_own_calls():
+    """Issue 31: 8 threads capturing one model at once all got captures that differed from
+    the sequential ones (the hooks are the model's, shared); a capture now records only the
+    calls of the thread that opened it."""
+    import threading
+
+    torch.manual_seed(0)
+    model = DecoderLM(DecoderLMConfig.gpt2_style(V, d_model=32, num_layers=2, num_heads=2,
+                                                 max_len=32)).eval()
+    inputs = [torch.randint(0, V, (1, 5 + i)) for i in range(6)]
+
+    def run(ids):
+        with torch.no_grad(), qi.capture(model) as cap:
+            for _ in range(3):  # several calls, so the threads interleave
+                model(ids)
+        return cap
+
+    sequential = [run(ids) for ids in inputs]
+    results: list = [None] * len(inputs)
+    barrier = threading.Barrier(len(inputs))
+
+    def worker(i):
+        barrier.wait()
+        results[i] = run(inputs[i])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    for i, (got, want) in enumerate(zip(results, sequential, strict=True)):
+        assert got is not None, f"thread {i} did not finish"
+        for name, calls in want.calls.items():
+            assert len(got.calls[name]) == len(calls) == 3, f"thread {i} {name}"
+            for a, b in zip(got.calls[name], calls, strict=True):
+                assert_close(a, b, atol=0, name=f"thread {i} {name}")

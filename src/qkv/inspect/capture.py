@@ -29,6 +29,7 @@ row ``i`` is the attention of position ``i`` over every earlier position (prompt
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -161,7 +162,9 @@ def capture(
         keep_inputs: also keep each call's :class:`~qkv.nn.hooks.AttentionInputs`.
 
     Yields:
-        a :class:`Captured`, filled as the model runs.
+        a :class:`Captured`, filled as the model runs in the thread that opened the capture:
+        captures of one model opened in several threads at once each record their own
+        thread's calls (thread-safe; the hooks of the others see and ignore them).
 
     Raises:
         TypeError: ``model`` is not a module; bad ``heads``/``rows`` types.
@@ -182,9 +185,11 @@ def capture(
         cap.heads[name] = check_heads(heads, found[name].num_heads, name)
         cap.num_heads[name] = found[name].num_heads
         cap.calls[name] = []
+    owner = threading.get_ident()  # a capture records the calls of the thread that opened it
     handles = [
         found[name].hook_inputs.add_hook(
             lambda inputs, _p, name=name: _on_call(cap, name, found[name], inputs, keep_inputs)
+            if threading.get_ident() == owner else None
         )
         for name in chosen
     ]
@@ -193,6 +198,7 @@ def capture(
         cap.values[name] = []
         handles.append(points[name].add_hook(
             lambda value, _p, name=name: cap.values[name].append(_clone(value))
+            if threading.get_ident() == owner else None
         ))
     try:
         yield cap
