@@ -272,3 +272,23 @@ def test_captures_in_several_threads_at_once_each_record_their_own_calls():
             assert len(got.calls[name]) == len(calls) == 3, f"thread {i} {name}"
             for a, b in zip(got.calls[name], calls, strict=True):
                 assert_close(a, b, atol=0, name=f"thread {i} {name}")
+
+
+def test_weights_too_large_to_keep_are_refused_before_the_call(monkeypatch):
+    """Issue 31: capturing a 100k-token input of a RoPE model (no length limit) ran for minutes
+    toward (B, H, T, S) weights no machine holds; it is refused at once, and heads=/rows= let
+    a capture take less."""
+    import importlib
+
+    capture_module = importlib.import_module("qkv.inspect.capture")  # (the module, not the fn)
+    monkeypatch.setattr(capture_module, "_memory_bytes", lambda: 1 << 20)  # a 1 MiB machine
+    torch.manual_seed(0)
+    model = DecoderLM(DecoderLMConfig.llama_style(V, d_model=32, num_layers=1, num_heads=2,
+                                                  max_len=16)).eval()
+    ids = torch.randint(0, V, (1, 300))  # 2 heads x 300 x 300 x 4 bytes = 0.7 MiB > 0.5
+    with pytest.raises(ValueError, match=r"needs 0.0 GiB .* pass heads= or rows="), \
+            torch.no_grad(), qi.capture(model):
+        model(ids)
+    with torch.no_grad(), qi.capture(model, rows=-1) as cap:
+        model(ids)
+    assert next(iter(cap.calls.values()))[0].shape == (1, 2, 1, 300)

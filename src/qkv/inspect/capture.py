@@ -29,6 +29,7 @@ row ``i`` is the attention of position ``i`` over every earlier position (prompt
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -207,6 +208,30 @@ def capture(
             handle.remove()
 
 
+def _memory_bytes() -> int:
+    """This machine's physical memory (0 where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _check_size(name: str, inputs: AttentionInputs, heads, span: slice) -> None:
+    """Refuse, before the call computes anything, weights that would not fit: a capture keeps
+    ``(B, H', T', S)`` per call, and a long input on a model with no length limit (RoPE) ran
+    for minutes before running out of memory (issue 31)."""
+    q, k = inputs.query, inputs.key
+    count = q.shape[0] * (q.shape[1] if heads is None else len(heads)) * (
+        span.stop - span.start) * k.shape[2]
+    need, memory = count * max(4, q.element_size()), _memory_bytes()
+    if memory and need > memory // 2:
+        raise ValueError(
+            f"capturing {name}'s weights for this call needs {need / 2**30:.1f} GiB "
+            f"(B·H'·T'·S = {count:,} values), over half this machine's memory "
+            f"({memory / 2**30:.0f} GiB): pass heads= or rows= to capture less, or a shorter "
+            "input")
+
+
 def _on_call(
     cap: Captured, name: str, module: AttentionCore, inputs: AttentionInputs, keep: bool
 ) -> None:
@@ -216,6 +241,7 @@ def _on_call(
         cap.inputs.setdefault(name, []).append(inputs)
     heads = cap.heads[name]
     span = check_rows(cap.rows, inputs.query.shape[2])
+    _check_size(name, inputs, heads, span)
     if module.hook_scores.listening or module.hook_weights.listening:
         # Someone replaces (or reads) this layer's scores/weights, so it runs the math path:
         # capture what it really uses, after their hooks, once, from hook_weights.
