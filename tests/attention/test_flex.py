@@ -259,3 +259,20 @@ def test_a_score_mod_returning_the_wrong_thing_is_named(mod, message):
     with pytest.raises((AttentionArgumentError, AttentionTypeError),
                        match=f"score_mod <lambda> must return a torch.float32 tensor.*{message}"):
         qkv.flex_attention(x, x, x, mod)
+
+
+def test_a_score_mod_that_gives_plus_inf_is_named_not_turned_into_nan():
+    """Issue 31: a score_mod putting +inf on a key gave 640 NaN outputs without a word. A NaN
+    query row stays NaN by the rules (not the score_mod's doing)."""
+    x = torch.randn(1, 2, 20, 8)
+
+    def favour_key_3(s, b, h, q_idx, kv_idx):
+        return torch.where(kv_idx == 3, torch.full_like(s, float("inf")), s)
+
+    with pytest.raises(AttentionArgumentError,
+                       match=r"score_mod favour_key_3 gave \+inf or NaN scores \(40 query rows"):
+        qkv.flex_attention(x, x, x, favour_key_3)
+    y = x.clone()
+    y[0, 1, 5, 0] = float("nan")
+    out = qkv.flex_attention(y, x, x, lambda s, b, h, q_idx, kv_idx: s * 1.0)
+    assert out[0, 1, 5].isnan().all() and not out[0, 0].isnan().any()

@@ -41,6 +41,7 @@ from qkv.attention.flex_blocks import (
 from qkv.attention.flex_fused import assemble, fused_attention, fused_serves
 from qkv.attention.masks import accumulation_dtype
 from qkv.attention.threads import fitted_threads
+from qkv.checks import values_unknown
 
 __all__ = ["flex_attention", "flex_path"]
 
@@ -170,6 +171,8 @@ def _flex(query, key, value, score_mod, block_mask, scale, return_lse, need_weig
         with torch.no_grad():
             out, lse = assemble(groups, lambda i0, i1, tiles: _row_block(
                 query[:, :, i0:i1], key, value, i0, tiles, plan, inplace=True))
+    if score_mod is not None:
+        _check_finite_scores(out, lse, query, score_mod)
     result = [out]
     if return_lse:
         result.append(lse)
@@ -177,6 +180,23 @@ def _flex(query, key, value, score_mod, block_mask, scale, return_lse, need_weig
         with torch.no_grad():
             result.append(_weights(query, key, lse, visit, plan))
     return result[0] if len(result) == 1 else tuple(result)
+
+
+def _check_finite_scores(out: Tensor, lse: Tensor, query: Tensor, score_mod) -> None:
+    """A ``score_mod`` that gave a score of ``+inf`` or NaN makes its rows' softmax NaN: said,
+    naming the function, instead of NaN outputs (one read of the device per call, only with
+    a ``score_mod``). A row whose query is itself not finite is NaN by the rules, not here."""
+    if values_unknown(lse) or torch._C._functorch.is_functorch_wrapped_tensor(lse):
+        return
+    bad = torch.isnan(lse) | torch.isposinf(lse) | torch.isnan(out.detach()).any(dim=-1)
+    bad &= torch.isfinite(query.detach()).all(dim=-1)  # (B, H, T)
+    if bool(bad.any()):
+        b, h, t = (int(i) for i in bad.nonzero()[0])
+        name = getattr(score_mod, "__name__", type(score_mod).__name__)
+        raise AttentionArgumentError(
+            f"score_mod {name} gave +inf or NaN scores ({int(bad.sum())} query rows, first "
+            f"b={b}, h={h}, q_idx={t}): the softmax of such a row is NaN; use large finite "
+            "values to favour a key and -inf to hide one")
 
 
 class _Plan:
