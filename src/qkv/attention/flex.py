@@ -172,7 +172,7 @@ def _flex(query, key, value, score_mod, block_mask, scale, return_lse, need_weig
             out, lse = assemble(groups, lambda i0, i1, tiles: _row_block(
                 query[:, :, i0:i1], key, value, i0, tiles, plan, inplace=True))
     if score_mod is not None:
-        _check_finite_scores(out, lse, query, score_mod)
+        _check_finite_scores(lse, query, score_mod)
     result = [out]
     if return_lse:
         result.append(lse)
@@ -182,14 +182,15 @@ def _flex(query, key, value, score_mod, block_mask, scale, return_lse, need_weig
     return result[0] if len(result) == 1 else tuple(result)
 
 
-def _check_finite_scores(out: Tensor, lse: Tensor, query: Tensor, score_mod) -> None:
+def _check_finite_scores(lse: Tensor, query: Tensor, score_mod) -> None:
     """A ``score_mod`` that gave a score of ``+inf`` or NaN makes its rows' softmax NaN: said,
     naming the function, instead of NaN outputs (one read of the device per call, only with
     a ``score_mod``). A row whose query is itself not finite is NaN by the rules, not here."""
     if values_unknown(lse) or torch._C._functorch.is_functorch_wrapped_tensor(lse):
         return
-    bad = torch.isnan(lse) | torch.isposinf(lse) | torch.isnan(out.detach()).any(dim=-1)
-    bad &= torch.isfinite(query.detach()).all(dim=-1)  # (B, H, T)
+    bad = torch.isnan(lse) | torch.isposinf(lse)  # (B, H, T): B·H·T bytes, no more
+    if bool(bad.any()):  # (rare) then leave out the rows whose query is not finite
+        bad &= torch.isfinite(query.detach()).all(dim=-1)
     if bool(bad.any()):
         b, h, t = (int(i) for i in bad.nonzero()[0])
         name = getattr(score_mod, "__name__", type(score_mod).__name__)
@@ -335,8 +336,10 @@ def _row_block(q: Tensor, k: Tensor, v: Tensor, i0: int, tiles, plan: _Plan, inp
         m = m_new
     seen = l_sum > 0
     out = acc / torch.where(seen, l_sum, torch.ones_like(l_sum))  # rows that see nothing: 0
+    # A NaN sum (a score_mod gave +inf or NaN) keeps NaN in the lse, where it is looked for.
+    dead = torch.where(torch.isnan(l_sum), l_sum, torch.full_like(m, float("-inf")))
     lse = torch.where(seen, m + torch.log(torch.where(seen, l_sum, torch.ones_like(l_sum))),
-                      torch.full_like(m, float("-inf")))
+                      dead)
     return out.to(q.dtype), lse.squeeze(-1)  # (B, H, bq, Dv), (B, H, bq)
 
 
