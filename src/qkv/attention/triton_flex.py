@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from qkv.attention.triton_kernels import load_tile, matmul
+from qkv.attention.triton_kernels import finish_rows, load_tile, matmul, poisoned_rows
 
 
 @triton.jit
@@ -80,8 +80,7 @@ def flex_forward(
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     q = load_tile(Q + b * sqb + h * sqh, i, rows_ok, sqt, D, d, True, EVEN_D)
-    bad = (tl.abs(q.to(tl.float32)) == float("inf")) | (q != q)
-    poisoned = tl.max(bad.to(tl.int32), 1) != 0
+    poisoned = poisoned_rows(q)
     plane = (b * BB) * HT + h * HB
     row = plane * nQ + qb
     count = tl.load(KV_COUNT + row)
@@ -104,11 +103,7 @@ def flex_forward(
         l = l * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + matmul(p.to(v.dtype), v, PRECISION, UPCAST)
         m = m_new
-    dead = l == 0.0
-    out = acc / tl.where(dead, 1.0, l)[:, None]
-    out = tl.where(poisoned[:, None], float("nan"), out)
-    log2_total = m + tl.math.log2(tl.where(dead, 1.0, l))
-    lse = tl.where(dead, float("-inf"), log2_total * 0.6931471805599453)
+    out, lse = finish_rows(acc, l, m, poisoned)
     o_at = O + b * sob + h * soh + i[:, None].to(tl.int64) * sot + dv[None, :]
     tl.store(o_at, out.to(O.dtype.element_ty), mask=rows_ok[:, None] & (dv[None, :] < DV))
     tl.store(L + (b * H + h) * T + i, lse, mask=rows_ok)

@@ -113,6 +113,25 @@ def spans(lo, hi, full_lo, full_hi, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def poisoned_rows(q):
+    """Rows ``(BM,)`` of a query tile holding NaN or ``±inf``: their output is NaN."""
+    bad = (tl.abs(q.to(tl.float32)) == float("inf")) | (q != q)
+    return tl.max(bad.to(tl.int32), 1) != 0
+
+
+@triton.jit
+def finish_rows(acc, l, m, poisoned):
+    """Normalised output rows and their natural-log lse from the online softmax's base-2
+    ``(acc, l, m)``: a row that saw no key (``l = 0``) gives zeros and ``-inf``, a
+    poisoned one NaN."""
+    dead = l == 0.0
+    out = acc / tl.where(dead, 1.0, l)[:, None]
+    out = tl.where(poisoned[:, None], float("nan"), out)
+    log2_total = m + tl.math.log2(tl.where(dead, 1.0, l))
+    return out, tl.where(dead, float("-inf"), log2_total * 0.6931471805599453)
+
+
+@triton.jit
 def packed_rows(pid_m, hkv, G, T, BLOCK_M: tl.constexpr):
     """Packed rows of a program: head ``h``, query ``i``, validity, and the bounds
     ``i_lo..i_hi`` of the queries it holds (all of ``0..T-1`` when it spans two heads)."""
@@ -203,9 +222,7 @@ def attention_forward(
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     q = load_tile(Q + b * sqb + h[:, None] * sqh, i, rows_ok, sqt, D, d, True, EVEN_D)
-    # A query row holding NaN or ±inf gives a NaN output row, dead or not (the contract).
-    bad = (tl.abs(q.to(tl.float32)) == float("inf")) | (q != q)
-    poisoned = tl.max(bad.to(tl.int32), 1) != 0
+    poisoned = poisoned_rows(q)  # NaN or ±inf in a query row: a NaN output row (the contract)
     split_lo = split * split_len
     split_hi = tl.minimum(S, split_lo + split_len)
     lo, a, c, hi = key_spans(i_lo, i_hi, split_lo, split_hi, causal, window,
@@ -233,11 +250,7 @@ def attention_forward(
         alibi_shift, keep_scale, MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI,
         HAS_DROPOUT, PRECISION, UPCAST, True, EVEN_D, BLOCK_N, BLOCK_D, BLOCK_DV,
     )
-    dead = l == 0.0
-    out = acc / tl.where(dead, 1.0, l)[:, None]
-    out = tl.where(poisoned[:, None], float("nan"), out)
-    log2_total = m + tl.math.log2(tl.where(dead, 1.0, l))
-    lse = tl.where(dead, float("-inf"), log2_total * 0.6931471805599453)  # natural log
+    out, lse = finish_rows(acc, l, m, poisoned)
     o_at = (O + split * so_split + b * sob + h[:, None] * soh + i[:, None].to(tl.int64) * sot
             + dv[None, :])
     tl.store(o_at, out.to(O.dtype.element_ty), mask=rows_ok[:, None] & (dv[None, :] < DV))

@@ -145,17 +145,22 @@ def forward(q, k, v, mask, alibi, keep, spec) -> tuple[Tensor, Tensor]:
     )
     return out, lse
 
+def _delta(out: Tensor, dout: Tensor, dlse: Tensor | None) -> Tensor:
+    """``δ (B, H, T)`` float32 contiguous: ``rowsum(dO ∘ O)`` less the lse's own gradient
+    (``d lse / d s = p``), what both backward kernels subtract from ``dP``."""
+    delta = (dout.float() * out.float()).sum(-1)  # (B, H, T)
+    if dlse is not None:
+        delta = delta - dlse.float()
+    return delta.contiguous()
+
+
 def backward(q, k, v, out, lse_safe, dout, dlse, mask, alibi, keep, spec):
     """``(dq, dk, dv)`` from the forward's output and lse (``+inf`` on dead rows)."""
     q, k, v, dout = (_unit_last(t) for t in (q, k, v, dout))
     B, H, T, D = q.shape
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
     G = H // Hkv
-    delta = (dout.float() * out.float()).sum(-1)  # (B, H, T): rowsum(dO ∘ O)
-    if dlse is not None:
-        delta = delta - dlse.float()  # d lse / d s = p
-    delta = delta.contiguous()
-    lse_safe = lse_safe.float().contiguous()
+    delta, lse_safe = _delta(out, dout, dlse), lse_safe.float().contiguous()
     extras, mstrides, scalars, flags = _options(q, k, v, mask, alibi, keep, spec)
     dq = torch.empty(B, H, T, D, dtype=q.dtype, device=q.device)
     dk = torch.empty(B, Hkv, S, D, dtype=k.dtype, device=q.device)
@@ -210,10 +215,7 @@ def flex_backward(q, k, v, out, lse_safe, dout, dlse, tab, block_mask, scale, mo
     """``(dq, dk, dv)`` of the block-sparse flex call (``lse_safe``: ``+inf`` on dead rows)."""
     q, k, v, dout = (_unit_last(t) for t in (q, k, v, dout))
     B, H, T, D = q.shape
-    delta = (dout.float() * out.float()).sum(-1)  # (B, H, T)
-    if dlse is not None:
-        delta = delta - dlse.float()
-    delta, lse_safe = delta.contiguous(), lse_safe.float().contiguous()
+    delta, lse_safe = _delta(out, dout, dlse), lse_safe.float().contiguous()
     dq = torch.empty(B, H, T, D, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)

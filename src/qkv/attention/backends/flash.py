@@ -115,7 +115,7 @@ def attend(call: AttentionCall, *, block_q: int | None = None, block_k: int | No
     ``lse`` is float32 for half-precision inputs, else float64.
     """
     if call.query.shape[0] == 0:
-        return _empty(call)
+        return empty_result(call)
     keep = dropout_keep(call) if call.dropout_p > 0.0 else None
     spec = _spec(call, block_q, block_k)
     if not _needs_grad(call):
@@ -126,7 +126,7 @@ def attend(call: AttentionCall, *, block_q: int | None = None, block_k: int | No
     )
 
 
-def _empty(call: AttentionCall) -> tuple[Tensor, Tensor]:
+def empty_result(call: AttentionCall) -> tuple[Tensor, Tensor]:
     """``(out (0, H, T, Dv), lse (0, H, T))`` of an empty batch, as torch's kernels give it;
     still connected to the inputs, so a backward pass gives empty gradients."""
     q, k, v = call.query, call.key, call.value

@@ -101,9 +101,9 @@ def attend(call: AttentionCall) -> tuple[Tensor, Tensor]:
     """``(out (B, H, T, Dv), lse (B, H, T) float32)`` of ``call``, autograd-aware."""
     q, k, v = call.query, call.key, call.value
     if q.shape[0] == 0:
-        from qkv.attention.backends.flash import _empty
+        from qkv.attention.backends.flash import empty_result
 
-        out, lse = _empty(call)
+        out, lse = empty_result(call)
         return out, lse.float()
     keep = dropout_keep(call) if call.dropout_p > 0.0 else None
     spec = _Spec(
