@@ -17,9 +17,9 @@ $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton
 gpu=$($PY -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
 summary() { grep -E "^(FAILED|ERROR)|passed|failed|error" "$1" | cut -c1-240 | tail -${2:-40}; }
 
-echo "== 1. the triton backend's grid, compiled (tests/attention/test_triton.py)"
+echo "== 1. the triton kernels, compiled (tests/attention/test_triton.py, test_triton_flex.py)"
 QKV_TEST_DEVICE=cuda timeout -s INT "${TRITON_SECONDS:-90}" $PY -m pytest -q -p no:cacheprovider \
-  -n 8 -rfE --tb=short tests/attention/test_triton.py >"$OUT/gpu-triton-$gpu.log" 2>&1
+  -n 8 -rfE --tb=short tests/attention/test_triton.py tests/attention/test_triton_flex.py >"$OUT/gpu-triton-$gpu.log" 2>&1
 summary "$OUT/gpu-triton-$gpu.log" 20
 
 echo "== 2. tile sweep (benchmarks/triton_tiles.py)"
@@ -28,7 +28,7 @@ timeout -s INT "${TILES_SECONDS:-60}" $PY benchmarks/triton_tiles.py --out "$OUT
 
 echo "== 3. the CUDA subset (tests/cuda_subset.txt), CUDA as the default device"
 QKV_TEST_DEVICE=cuda timeout -s INT "${TEST_SECONDS:-150}" $PY -m pytest -q -p no:cacheprovider \
-  -n "${TEST_WORKERS:-12}" -rfE --tb=line $(grep -v test_triton tests/cuda_subset.txt) \
+  -n "${TEST_WORKERS:-12}" -rfE --tb=short $(grep -v test_triton tests/cuda_subset.txt) \
   >"$OUT/gpu-tests-$gpu.log" 2>&1
 summary "$OUT/gpu-tests-$gpu.log" 60
 

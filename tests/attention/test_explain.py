@@ -55,6 +55,19 @@ def test_auto_streams_structured_masks_with_flash(kwargs):
     assert "dense (T, S) mask" in e.reasons["torch"]
 
 
+def test_auto_keeps_a_float32_mask_off_torch_gpu_kernels():
+    """Off the CPU, torch's kernels take a float mask only in the query's dtype: a float32
+    mask with half-precision queries would lose bits (0.25 at a logit of 100), so auto
+    passes such a call on; a mask already in q's dtype, or any mask on CPU, stays."""
+    q, k, v = (t.half() for t in inputs())
+    m32 = torch.randn(8, 8)  # (T, S)
+    on = [t.to("meta") for t in (q, k, v, m32)]
+    e = qkv.explain(*on)
+    assert e.chosen != "torch" and "mask would be rounded to torch.float16" in e.reasons["torch"]
+    assert "torch" not in qkv.explain(*on[:3], on[3].half()).reasons
+    assert "rounded" not in qkv.explain(q, k, v, m32).reasons.get("torch", "")
+
+
 def test_auto_picks_math_for_empty():
     assert qkv.explain(*inputs(S=0)).chosen == "math"
 

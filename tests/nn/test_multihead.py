@@ -357,7 +357,7 @@ def test_autocast_bfloat16_matches_torch():
     """Under autocast the inputs may be bfloat16 while the parameters stay float32."""
     ref, ours = _pair(torch.float32)
     x = torch.randn(T, N, 24, generator=_gen(1)).bfloat16()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
         r_out, r_w = ref(x, x, x)
         o_out, o_w = ours(x, x, x)
     assert o_out.dtype == r_out.dtype == torch.bfloat16

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from helpers import assert_close
+from helpers import DEVICE, assert_close
 from qkv.data import CharTokenizer, LMBatch, make_task
 from qkv.models import DecoderLM, DecoderLMConfig, Seq2SeqConfig, Seq2SeqTransformer
 from qkv.train import (
@@ -65,7 +65,7 @@ def test_accumulation_equals_one_larger_batch():
     window = torch.randint(0, 20, (8, 9))
     halves = [LMBatch(window[:4, :-1], window[:4, 1:]), LMBatch(window[4:, :-1], window[4:, 1:])]
     whole = [LMBatch(window[:, :-1], window[:, 1:])]
-    config = TrainConfig(steps=1, lr=1e-2, warmup=1, clip=None, **QUIET)
+    config = TrainConfig(steps=1, lr=1e-2, warmup=1, clip=None, device=str(DEVICE), **QUIET)
     a, b = _lm(), _lm()
     grads_a, grads_b = _final_grads(a), _final_grads(b)
     fit(_lm_job(a, halves), config.replace(accumulate=2))
@@ -172,7 +172,7 @@ def test_non_finite_loss_stops_before_the_update():
     job = Job(model=model, epoch_batches=lambda e: [LMBatch(window[:, :-1], window[:, 1:])],
               batch_tokens=lambda b: b.targets.numel(), loss=loss)  # fmt: skip
     with pytest.raises(FloatingPointError, match=r"training loss is nan at step 1"):
-        fit(job, TrainConfig(steps=2, **QUIET))
+        fit(job, TrainConfig(steps=2, device=str(DEVICE), **QUIET))
     assert torch.equal(model.embed.weight, before)
 
 

@@ -35,9 +35,10 @@ def _pow2(n: int) -> int:
     return max(16, 1 << (max(1, n) - 1).bit_length())
 
 
-def tiles(kind: str, rows: int, width: int, dtype: torch.dtype) -> Tiles:
+def tiles(kind: str, rows: int, width: int, dtype: torch.dtype, extras: bool = False) -> Tiles:
     """Tiles for ``kind`` (``"forward"`` or ``"backward"``) of ``rows`` packed query rows and
-    head width ``width`` (the larger of ``D`` and ``Dv``, padded to a power of two).
+    head width ``width`` (the larger of ``D`` and ``Dv``, padded to a power of two); ``extras``:
+    the kernel also reads a mask or ALiBi slopes each tile.
 
     Interpreted (CPU) runs take 16×16 tiles, so small test shapes still cross tiles. On a GPU,
     wider heads and float32 (twice the bytes a tile) take smaller tiles to fit shared memory.
@@ -49,7 +50,10 @@ def tiles(kind: str, rows: int, width: int, dtype: torch.dtype) -> Tiles:
     if kind == "forward":
         # Measured on an H200 (benchmarks/triton_tiles.py, bf16, D = 128, T = 4096, the
         # edge/inner kernels): 128×128 tiles with 8 warps 1.15 ms, 128×64/8 1.25, 64×64/4 1.27.
-        m, n, warps = (64, 32, 4) if wide else (128, 128, 8) if width > 64 else (128, 64, 4)
+        # With a mask or ALiBi, 128×128 tiles overflow shared memory (a (T, S) bool mask:
+        # 262,144 of 232,448 bytes) or registers (ALiBi 1.91 ms against 1.15 with 64×64/4).
+        m, n, warps = ((64, 32, 4) if wide else (64, 64, 4) if extras
+                       else (128, 128, 8) if width > 64 else (128, 64, 4))
         if rows < m:  # decoding: the group's rows in one tile
             m = _pow2(rows)
         return Tiles(m, n, warps, 2 if wide else 3)
@@ -115,7 +119,7 @@ def forward(q, k, v, mask, alibi, keep, spec) -> tuple[Tensor, Tensor]:
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
     G = H // Hkv
     extras, mstrides, scalars, flags = _options(q, k, v, mask, alibi, keep, spec)
-    t = tiles("forward", G * T, max(D, Dv), q.dtype)
+    t = tiles("forward", G * T, max(D, Dv), q.dtype, mask is not None or alibi is not None)
     row_blocks = -(-G * T // t.block_m)
     n = _splits(q, row_blocks * B * Hkv, S, t.block_n) if keep is None else 1
     split_len = -(-S // n)

@@ -89,7 +89,8 @@ class Sampler:
             seed drawn from torch's global generator, so ``torch.manual_seed`` still makes a
             run reproducible).
         temperature, top_k, top_p: as :func:`filter_logits`.
-        device: where the generators live.
+        device: where the generators live (CPU by default); the draws move to the logits'
+            device, so one seed draws the same tokens on any device.
 
     Raises:
         ValueError: a bad seed (:func:`~qkv.generate.args.check_seed`), bad sampling
@@ -119,10 +120,12 @@ class Sampler:
         """One token per row of ``logits (B, V)``; returns ``(B,)`` long."""
         probs = filter_logits(logits, **self.options).softmax(-1).double()  # (B, V)
         cdf = probs.cumsum(-1)  # (B, V)
+        # Drawn where the generators live (CPU unless asked), so a seed draws the same
+        # numbers whatever device the logits are on.
         u = torch.stack([
-            torch.rand((), generator=g, device=cdf.device, dtype=torch.float64)
+            torch.rand((), generator=g, device=g.device, dtype=torch.float64)
             for g in self.generators
-        ])  # (B,)
+        ]).to(cdf.device)  # (B,)
         # The first index whose cumulative mass exceeds u * total: a token of probability 0
         # adds nothing to the cumulative mass, so it can never be the first to exceed it.
         target = (u * cdf[:, -1])[:, None]  # (B, 1)

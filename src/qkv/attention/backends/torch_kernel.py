@@ -10,8 +10,9 @@ not zero it themselves).
 
 Precision: torch's kernels accumulate half-precision inputs in float32. On CPU a float mask
 (ALiBi, a float user mask) is passed in float32 too, which torch's CPU kernels accept for
-half-precision queries; elsewhere it is rounded to the query's dtype, the one float mask
-dtype every torch kernel takes.
+half-precision queries; elsewhere it would be rounded to the query's dtype, the one float mask
+dtype torch's GPU kernels take, so ``auto`` leaves such calls to a backend that adds it in
+float32 (``triton`` or ``flash``); named explicitly, ``torch`` rounds it.
 
 Non-finite inputs: without a mask torch's CPU kernel turns a NaN query row into a zero row
 (with one it gives NaN), so every output is passed through
@@ -102,6 +103,11 @@ def prefer_not(call: AttentionCall) -> str | None:
             f"{' and '.join(parts)} would be materialised as a dense (T, S) mask; "
             "flash computes them per tile"
         )
+    if _rounds_mask(call):
+        return (
+            f"torch's GPU kernels take a float mask only in the query's "
+            f"dtype: the {call.mask.dtype} mask would be rounded to {call.query.dtype}"
+        )
     half = call.query.dtype in (torch.float16, torch.bfloat16)
     if half and call.query.device.type == "cpu" and not half_precision_units():
         # Measured (qkv/bench/suite.py, 2-core AVX2 CPU): torch's half-precision CPU backward
@@ -128,6 +134,14 @@ def half_precision_units() -> bool:
         return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
     except (AttributeError, RuntimeError):
         return False
+
+
+def _rounds_mask(call: AttentionCall) -> bool:
+    """Whether handing ``call``'s float mask to torch would round it (off the CPU, a float32
+    mask with half-precision queries: up to 2⁻⁹ of each entry lost, 0.25 at a logit of 100)."""
+    m = call.mask
+    return (call.query.device.type != "cpu" and m is not None and m.is_floating_point()
+            and m.dtype != call.query.dtype)
 
 
 def _mask_dtype(call: AttentionCall) -> torch.dtype:
