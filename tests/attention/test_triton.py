@@ -226,6 +226,36 @@ def test_auto_never_picks_the_interpreter():
     assert "for testing" in explanation.reasons["triton"]
 
 
+def test_a_launch_that_overflows_shared_memory_retries_with_fewer_stages(monkeypatch):
+    """A GPU with less shared memory than the tiles' stages need (Triton's OutOfResources,
+    raised when compiling) gets the kernel again with one stage fewer, remembered."""
+    from triton.runtime.errors import OutOfResources
+
+    from qkv.attention import triton_launch
+
+    monkeypatch.setattr(triton_launch, "_FEWER_STAGES", {})
+    launched = []
+
+    class Kernel:  # fits with at most ``fits`` stages, as Triton reports it
+        def __init__(self, name, fits):
+            self.__name__, self.fits = name, fits
+
+        def __getitem__(self, grid):
+            def run(*args, num_stages, **options):
+                launched.append(num_stages)
+                if num_stages > self.fits:
+                    raise OutOfResources(262144, 232448, "shared memory")
+            return run
+
+    triton_launch._launch(Kernel("a", 2), (1,), (), {"num_stages": 4, "BLOCK_M": 128})
+    triton_launch._launch(Kernel("a", 2), (1,), (), {"num_stages": 4, "BLOCK_M": 128})
+    assert launched == [4, 3, 2, 2]  # the second launch starts where the first one fitted
+    launched.clear()
+    with pytest.raises(OutOfResources):  # one stage is the last try
+        triton_launch._launch(Kernel("b", 0), (1,), (), {"num_stages": 2, "BLOCK_M": 128})
+    assert launched == [2, 1]
+
+
 def test_scale_and_large_scores_stay_exact():
     """A big scale pushes scores to ~1e3: the running max must keep every exp in range."""
     q, k, v = _inputs((1, 2, 2, 18, 40, 16, 16))

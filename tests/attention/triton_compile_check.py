@@ -73,7 +73,7 @@ def _merge(target) -> str:
     return f"sm_{target.arch} merge_splits bf16"
 
 
-FLEX_TABLES = {"KV_COUNT", "KV_IDX", "Q_COUNT", "Q_IDX", "SLOT"}
+FLEX_TABLES = {"KV_COUNT", "KV_PART", "KV_IDX", "Q_COUNT", "Q_PART", "Q_IDX", "SLOT"}
 
 
 def _flex(target) -> list[str]:
@@ -102,7 +102,7 @@ def _flex(target) -> list[str]:
         constexprs = dict(PRECISION="tf32", UPCAST=False, EVEN_D=True, BLOCK_M=128,
                           BLOCK_N=128, BLOCK_D=128, BLOCK_DV=128, SCORE_MOD=mod)
         triton.compile(ASTSource(fn, sig, constexprs), target=target,
-                       options=dict(num_warps=8, num_stages=2))
+                       options=dict(num_warps=8, num_stages=3 if fn is KF.flex_forward else 2))
         labels.append(f"sm_{target.arch} flex {fn.__name__}")
     return labels
 

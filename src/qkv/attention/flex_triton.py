@@ -68,8 +68,10 @@ class Tables:
     """A block mask's tables on one device (see :mod:`qkv.attention.triton_flex`)."""
 
     kv_count: Tensor  # (B', H', nQ) int32
-    kv_idx: Tensor  # (B', H', nQ, nK) int32: visited key tiles first, ascending
+    kv_part: Tensor  # (B', H', nQ) int32: how many of them are partial
+    kv_idx: Tensor  # (B', H', nQ, nK) int32: partial key tiles, then full ones, ascending
     q_count: Tensor  # (B', H', nK) int32
+    q_part: Tensor  # (B', H', nK) int32
     q_idx: Tensor  # (B', H', nK, nQ) int32
     slot: Tensor  # (B', H', nQ, nK) int32: -1, or the tile's index in keep
     keep: Tensor  # (P, bq, bk) uint8
@@ -86,9 +88,11 @@ def tables(block_mask: BlockMask, device: torch.device) -> Tables:
     return per_device[str(device)]
 
 
-def _order(visited: Tensor) -> Tensor:
-    """Indices of the True entries of each last-dimension row first, ascending."""
-    return torch.sort((~visited).to(torch.uint8), dim=-1, stable=True).indices.to(torch.int32)
+def _order(state: Tensor) -> Tensor:
+    """Tile indices of each last-dimension row: the partial tiles, then the full ones, then
+    the empty ones, each ascending."""
+    rank = torch.where(state == PARTIAL, 0, torch.where(state > EMPTY, 1, 2)).to(torch.uint8)
+    return torch.sort(rank, dim=-1, stable=True).indices.to(torch.int32)
 
 
 def _build(block_mask: BlockMask, device: torch.device) -> Tables:
@@ -114,9 +118,11 @@ def _build(block_mask: BlockMask, device: torch.device) -> Tables:
     keep = torch.cat(tiles) if tiles else torch.ones(1, bq, bk, dtype=torch.uint8)
     return Tables(
         kv_count=visited.sum(-1).to(torch.int32).to(device),
-        kv_idx=_order(visited).to(device),
+        kv_part=partial.sum(-1).to(torch.int32).to(device),
+        kv_idx=_order(state).to(device),
         q_count=visited.sum(-2).to(torch.int32).to(device),
-        q_idx=_order(visited.transpose(-1, -2)).contiguous().to(device),
+        q_part=partial.sum(-2).to(torch.int32).to(device),
+        q_idx=_order(state.transpose(-1, -2)).contiguous().to(device),
         slot=slot.to(device), keep=keep.to(device).contiguous(),
     )
 

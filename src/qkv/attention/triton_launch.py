@@ -60,6 +60,31 @@ def tiles(kind: str, rows: int, width: int, dtype: torch.dtype, extras: bool = F
     return Tiles(32, 32, 4, 2) if wide else Tiles(64, 64, 4, 2)
 
 
+# Kernels (by name and compile-time options) whose launch fell back to fewer pipeline stages:
+# the number that fit this GPU's shared memory.
+_FEWER_STAGES: dict[tuple, int] = {}
+
+
+def _launch(kernel, grid: tuple[int, ...], args: tuple, options: dict) -> None:
+    """``kernel[grid](*args, **options)``; where this GPU's shared memory cannot hold
+    ``num_stages`` pipelined tiles (Triton's OutOfResources, raised when compiling: H100/H200
+    have 227 KiB a block, A100 163, many consumer GPUs 99), again with one stage fewer, and
+    that number remembered."""
+    from triton.runtime.errors import OutOfResources
+
+    key = (kernel.__name__, *sorted(options.items()))
+    options = options | {"num_stages": _FEWER_STAGES.get(key, options["num_stages"])}
+    while True:
+        try:
+            kernel[grid](*args, **options)
+            return
+        except OutOfResources:
+            if options["num_stages"] <= 1:
+                raise
+            options = options | {"num_stages": options["num_stages"] - 1}
+            _FEWER_STAGES[key] = options["num_stages"]
+
+
 def _precision(dtype: torch.dtype) -> str:
     if dtype == torch.float32 and not interpreting() and torch.backends.cuda.matmul.allow_tf32:
         return "tf32"
@@ -132,13 +157,13 @@ def forward(q, k, v, mask, alibi, keep, spec) -> tuple[Tensor, Tensor]:
     else:
         o_buf = torch.empty(n, B, H, T, Dv, dtype=torch.float32, device=q.device)
         l_buf = torch.empty(n, B, H, T, dtype=torch.float32, device=q.device)
-    triton_kernels.attention_forward[(row_blocks, B * Hkv, n)](
+    _launch(triton_kernels.attention_forward, (row_blocks, B * Hkv, n), (
         q, k, v, o_buf, l_buf, *extras,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_buf.stride()[1:4],
         *l_buf.stride()[1:3], *mstrides, o_buf.stride(0), l_buf.stride(0),
-        H, G, T, S, D, Dv, split_len, *scalars, **flags,
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps, num_stages=t.stages,
-    )
+        H, G, T, S, D, Dv, split_len, *scalars,
+    ), flags | dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps,
+                    num_stages=t.stages))
     if n == 1:
         return out, lse
     out = torch.empty(B, H, T, Dv, dtype=q.dtype, device=q.device)
@@ -172,13 +197,12 @@ def backward(q, k, v, out, lse_safe, dout, dlse, mask, alibi, keep, spec):
     common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3],
               *mstrides, H, G, T, S, D, Dv, *scalars)
     t = tiles("backward", G * T, max(D, Dv), q.dtype)
-    launch = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps, num_stages=t.stages)
-    triton_backward.attention_backward_dkdv[(-(-S // t.block_n), B * Hkv)](
-        q, k, v, dout, lse_safe, delta, dk, dv, *extras, *common, **flags, **launch,
-    )
-    triton_backward.attention_backward_dq[(-(-G * T // t.block_m), B * Hkv)](
-        q, k, v, dout, lse_safe, delta, dq, *extras, *common, **flags, **launch,
-    )
+    options = flags | dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps,
+                           num_stages=t.stages)
+    _launch(triton_backward.attention_backward_dkdv, (-(-S // t.block_n), B * Hkv),
+            (q, k, v, dout, lse_safe, delta, dk, dv, *extras, *common), options)
+    _launch(triton_backward.attention_backward_dq, (-(-G * T // t.block_m), B * Hkv),
+            (q, k, v, dout, lse_safe, delta, dq, *extras, *common), options)
     return dq, dk, dv
 
 
@@ -207,11 +231,12 @@ def flex_forward(q, k, v, tab, block_mask, scale, mod) -> tuple[Tensor, Tensor]:
     out = torch.empty(B, H, T, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
     sizes, slopes, mod_args, options = _flex_args(q, k, v, tab, block_mask, mod)
-    triton_flex.flex_forward[(tab.slot.shape[2], B * H)](
-        q, k, v, out, lse, tab.kv_count, tab.kv_idx, tab.slot, tab.keep, slopes,
+    if not interpreting():
+        options = options | {"num_stages": 3}  # (two where shared memory cannot hold three)
+    _launch(triton_flex.flex_forward, (tab.slot.shape[2], B * H), (
+        q, k, v, out, lse, tab.kv_count, tab.kv_part, tab.kv_idx, tab.slot, tab.keep, slopes,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-        *sizes, scale, *mod_args, **options,
-    )
+        *sizes, scale, *mod_args), options)
     return out, lse
 
 
@@ -225,12 +250,10 @@ def flex_backward(q, k, v, out, lse_safe, dout, dlse, tab, block_mask, scale, mo
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
     sizes, slopes, mod_args, options = _flex_args(q, k, v, tab, block_mask, mod)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
-    triton_flex.flex_backward_dkdv[(tab.slot.shape[3], B * k.shape[1])](
-        q, k, v, dout, lse_safe, delta, dk, dv, tab.q_count, tab.q_idx, tab.slot, tab.keep,
-        slopes, *strides, *sizes, scale, *mod_args, **options,
-    )
-    triton_flex.flex_backward_dq[(tab.slot.shape[2], B * H)](
-        q, k, v, dout, lse_safe, delta, dq, tab.kv_count, tab.kv_idx, tab.slot, tab.keep,
-        slopes, *strides, *sizes, scale, *mod_args, **options,
-    )
+    _launch(triton_flex.flex_backward_dkdv, (tab.slot.shape[3], B * k.shape[1]), (
+        q, k, v, dout, lse_safe, delta, dk, dv, tab.q_count, tab.q_part, tab.q_idx, tab.slot,
+        tab.keep, slopes, *strides, *sizes, scale, *mod_args), options)
+    _launch(triton_flex.flex_backward_dq, (tab.slot.shape[2], B * H), (
+        q, k, v, dout, lse_safe, delta, dq, tab.kv_count, tab.kv_part, tab.kv_idx, tab.slot,
+        tab.keep, slopes, *strides, *sizes, scale, *mod_args), options)
     return dq, dk, dv
