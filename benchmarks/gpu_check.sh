@@ -3,7 +3,9 @@
 # sweep, then the GPU benchmarks (benchmarks/gpu.py); under 8 minutes on one H100/H200. It uses
 # the machine's own python with CUDA torch and triton (PYTHON=...) and qkv from src/ (nothing
 # is installed). Logs and JSON go to $OUT (default benchmarks/results), named after the GPU.
-# Each step has a time limit (TEST_SECONDS, BENCH_SECONDS); a step cut by it is interrupted
+# Each step has a time limit (TRITON_SECONDS, TILES_SECONDS, TEST_SECONDS, BENCH_SECONDS,
+# OVERHEAD_SECONDS; BENCH_ARGS="--groups alibi,decode" runs some groups of benchmarks/gpu.py,
+# OVERHEAD_ARGS="" drops the profile); a step cut by it is interrupted
 # (SIGINT), so pytest still prints its summary and the benchmark still writes its JSON.
 set -u
 cd "$(dirname "$0")/.."
@@ -22,9 +24,11 @@ QKV_TEST_DEVICE=cuda timeout -s INT "${TRITON_SECONDS:-90}" $PY -m pytest -q -p 
   -n 8 -rfE --tb=short tests/attention/test_triton.py tests/attention/test_triton_flex.py >"$OUT/gpu-triton-$gpu.log" 2>&1
 summary "$OUT/gpu-triton-$gpu.log" 20
 
-echo "== 2. tile sweep (benchmarks/triton_tiles.py)"
-timeout -s INT "${TILES_SECONDS:-60}" $PY benchmarks/triton_tiles.py --out "$OUT/tiles-$gpu.json" \
-  2>&1 | grep -v -i warn | tail -32
+echo "== 2. tile sweep (benchmarks/triton_tiles.py; TILES_SECONDS=0 skips it)"
+if [ "${TILES_SECONDS:-60}" != 0 ]; then
+  timeout -s INT "${TILES_SECONDS:-60}" $PY benchmarks/triton_tiles.py \
+    --out "$OUT/tiles-$gpu.json" 2>&1 | grep -v -i warn | tail -32
+fi
 
 echo "== 3. the CUDA subset (tests/cuda_subset.txt), CUDA as the default device"
 QKV_TEST_DEVICE=cuda timeout -s INT "${TEST_SECONDS:-150}" $PY -m pytest -q -p no:cacheprovider \
@@ -36,3 +40,7 @@ echo "== 4. benchmarks (benchmarks/gpu.py)"
 timeout -s INT "${BENCH_SECONDS:-240}" $PY benchmarks/gpu.py --device cuda \
   --out "$OUT/gpu-$gpu.json" --max-seconds "$(( ${BENCH_SECONDS:-240} - 30 ))" ${BENCH_ARGS:-} \
   2>&1 | grep -v -i warn
+
+echo "== 5. host time per decoding-size call (benchmarks/call_overhead.py)"
+timeout -s INT "${OVERHEAD_SECONDS:-40}" $PY benchmarks/call_overhead.py --device cuda --calls 500 \
+  ${OVERHEAD_ARGS:---profile} 2>&1 | grep -v -i warn | tee "$OUT/overhead-$gpu.log" | head -120

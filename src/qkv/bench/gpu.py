@@ -218,8 +218,9 @@ def cases(quick: bool) -> list[dict]:
         add(f"window {w} causal T={T}", "window", _standard(
             {"is_causal": True, "window": w}, {"torch_dense_mask": _torch_dense}), T=T, S=T)
     T = 64 if quick else 16384
-    add(f"document x8 T={T}", "document", _document, base="qkv_flex", B=1 if quick else 2,
-        T=T, S=T)
+    for bwd in (False, True):
+        add(f"document x8 T={T} {'fwd+bwd' if bwd else 'fwd'}", "document", _document, bwd,
+            base="qkv_flex", B=1 if quick else 2, T=T, S=T)
     T, n, heads = (128, 16, [0, 1]) if quick else (16384, 64, [3, 11])
     add(f"weights 2 heads {n} rows T={T}", "weights",
         lambda dev, sh: _weights(dev, sh, heads, n), T=T, S=T)
