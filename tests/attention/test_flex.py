@@ -12,6 +12,7 @@ from torch.nn.attention import flex_attention as torch_flex
 import qkv
 from helpers import DEVICE, max_error
 from qkv.attention.errors import AttentionArgumentError, AttentionTypeError
+from qkv.attention.flex import flex_path
 from qkv.attention.flex_blocks import and_masks, create_block_mask, noop_mask, or_masks
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
@@ -172,6 +173,13 @@ def test_sdpa_and_explain_take_mods():
     e = qkv.explain(z, z, z, is_causal=True, mask_mod=noop_mask)
     assert "density" in str(e) and e.visited == 36 and e.tiles == 64 and e.full == 28
     assert e.flops == 2.0 * 8 * (1024 * 1025 / 2 + 8 * 128 * 127 / 2) * 128, e.flops
+    # the path flex_attention takes, with its reason (a GPU runs the Triton kernels)
+    assert (e.path, e.why) == flex_path(z, z, None, create_block_mask(
+        noop_mask, 1, 8, 1024, 1024)), (e.path, e.why)
+    assert str(e).startswith(f"flex -> {e.path} ({e.why})")
+    e = qkv.explain(z, z, z, score_mod=SCORES["softcap"])
+    if DEVICE.type == "cuda":
+        assert e.path == "tiles" and "Python score_mod" in e.why, e.why
     with pytest.raises(AttentionArgumentError, match="dropout"):
         qkv.scaled_dot_product_attention(q, k, v, dropout_p=0.1, mask_mod=noop_mask)
     with pytest.raises(AttentionArgumentError, match="backend"):

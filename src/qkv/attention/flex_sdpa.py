@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from qkv.attention.errors import AttentionArgumentError, AttentionTypeError
-from qkv.attention.flex import flex_attention
+from qkv.attention.flex import flex_attention, flex_path
 from qkv.attention.flex_blocks import BlockMask, and_masks, create_block_mask
 
 __all__ = ["FlexExplanation", "explain_flex", "sdpa_flex"]
@@ -98,8 +98,12 @@ def sdpa_flex(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
 
 @dataclass(frozen=True)
 class FlexExplanation:
-    """What a flex call costs: the block mask's density and the predicted work."""
+    """Which path a flex call takes (``path``: ``"triton"``, the block-sparse kernels, or
+    ``"tiles"``, the tile loop; ``why``), and what it costs: the block mask's density and the
+    predicted work."""
 
+    path: str
+    why: str
     shapes: str
     tiles: int
     visited: int
@@ -114,7 +118,7 @@ class FlexExplanation:
 
     def __str__(self) -> str:
         return (
-            f"flex -> flash (blockwise, score_mod/mask_mod)  ({self.shapes})\n"
+            f"flex -> {self.path} ({self.why})  ({self.shapes})\n"
             f"  block mask: {self.visited}/{self.tiles} tiles visited (density "
             f"{self.density:.3f}), {self.full} full (no mask evaluated)\n"
             f"  predicted {self.flops / 1e9:.3g} GFLOP ({self.flops / self.dense_flops:.1%} of "
@@ -142,7 +146,9 @@ def explain_flex(query, key, value, attn_mask, is_causal, score_mod, mask_mod,
     cols = torch.full((nk,), float(bk)).index_fill_(0, torch.tensor([nk - 1]), S - (nk - 1) * bk)
     pairs = float((visited_tiles * rows[:, None] * cols[None, :]).sum())  # (query, key) pairs
     elt = 4 if query.dtype in (torch.float16, torch.bfloat16) else query.element_size()
+    path, why = flex_path(query, value, score_mod, bm)
     return FlexExplanation(
+        path=path, why=why,
         shapes=f"B={B}, H={H}, Hkv={key.shape[1]}, T={T}, S={S}, D={D}, Dv={Dv}",
         tiles=nq * nk, visited=int(visited_tiles.sum()), full=int(full_tiles.sum()),
         flops=2.0 * B * H * pairs * (D + Dv), dense_flops=2.0 * B * H * T * S * (D + Dv),
