@@ -267,6 +267,26 @@ def test_broken_folders_name_the_file_and_what_is_wrong(root, tmp_path):
         _load(odd)
 
 
+@pytest.mark.parametrize("edit, match", [
+    ({"pad_token_id": V}, rf"pad_token_id={V} must be an int in \[0, vocab_size={V}\)"),
+    ({"pad_token_id": -1}, r"pad_token_id=-1 must be an int"),
+    ({"pad_token_id": "95"}, r"pad_token_id='95' must be an int"),
+    ({"scale_embedding": "no"}, r"scale_embedding='no' must be true or false"),
+    ({"tie_word_embeddings": "false"}, r"tie_word_embeddings='false' must be true or false"),
+    ({"normalize_before": 1}, r"normalize_before=1 must be true or false"),
+])
+def test_a_config_that_lies_about_its_types_is_refused(root, tmp_path, edit, match):
+    """Issue 31: a Marian pad_token_id outside the vocabulary (the embeddings' padding row)
+    or a string where a boolean belongs loaded as some other model; transformers refuses
+    both. Each is named with config.json before anything is built."""
+    marian, _ = _folder("marian", root)
+    bad = _copy(marian, tmp_path / "bad")
+    hf = json.loads((bad / "config.json").read_text()) | edit
+    (bad / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(BadFileError, match=r"config\.json.*" + match):
+        _load(bad)
+
+
 def _opus_mt_folder(folder: Path) -> int:
     """Opus-MT's tokenizer files: ``source.spm`` = ``target.spm`` (a tiny sentencepiece model
     trained here) and ``vocab.json`` (``</s>`` 0, ``<unk>`` 1, the pieces, ``<pad>`` last).

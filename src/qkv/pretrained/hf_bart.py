@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from qkv.models import Seq2SeqConfig
-from qkv.pretrained.hf_common import hf_activation, token_id
+from qkv.pretrained.hf_common import hf_activation, hf_flag, pad_token_id, token_id
 from qkv.pretrained.weights import Entry
 
 __all__ = ["bart_config", "bart_entries", "bart_family_entries", "bart_ignored", "same_sizes"]
@@ -74,12 +74,12 @@ def family_config(hf: Mapping[str, Any], *, where: str, **options: Any) -> Seq2S
             norm="post",
             activation=hf_activation(hf, "activation_function", where),
             share_embeddings=True,
-            tie_embeddings=hf.get("tie_word_embeddings", True) is not False,
-            pad_id=token_id(hf, "pad_token_id"),
+            tie_embeddings=hf_flag(hf, "tie_word_embeddings", where, True),
+            pad_id=pad_token_id(hf, where),
             bos_id=token_id(hf, "decoder_start_token_id"),
             eos_id=token_id(hf, "eos_token_id"),
             norm_eps=1e-5,
-            embed_scale=None if hf.get("scale_embedding", False) else 1.0,
+            embed_scale=None if hf_flag(hf, "scale_embedding", where, False) else 1.0,
             output_bias=True,
             **options,
         )
@@ -95,7 +95,7 @@ def bart_config(hf: Mapping[str, Any], *, where: str) -> Seq2SeqConfig:
             encoder/decoder sizes, an unknown activation, a missing size.
     """
     for key in ("normalize_before", "add_final_layer_norm"):
-        if hf.get(key):
+        if hf_flag(hf, key, where, False):
             raise ValueError(f"{where}: {key}=true (an mBART-style pre-norm layout) is not "
                              "supported for model_type 'bart'")  # fmt: skip
     return family_config(hf, where=where, positions="learned", position_offset=2,

@@ -36,7 +36,9 @@ __all__ = [
     "build_checked",
     "check_folder_model",
     "hf_activation",
+    "hf_flag",
     "open_weights",
+    "pad_token_id",
     "read_state_dict",
     "token_id",
 ]
@@ -65,6 +67,38 @@ def hf_activation(hf: Mapping[str, Any], key: str, where: str, default: str = "g
             f"{where}: {key}={name!r} is not supported; known: {sorted(HF_ACTIVATIONS)}"
         )
     return HF_ACTIVATIONS[name]
+
+
+def hf_flag(hf: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+    """A true/false option of ``config.json`` (``default`` when absent or null).
+
+    Raises:
+        ValueError: anything but a JSON boolean (the string "false" is not false; transformers'
+            config classes refuse it too), named with ``where``.
+    """
+    value = hf.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}: {key}={value!r} must be true or false")
+    return value
+
+
+def pad_token_id(hf: Mapping[str, Any], where: str) -> int | None:
+    """``pad_token_id`` of a model whose embeddings keep a row for it (BART, Marian: PyTorch's
+    ``padding_idx``, which transformers builds and which refuses an id outside the table):
+    None when absent or null.
+
+    Raises:
+        ValueError: an id that is not an int in ``[0, vocab_size)``.
+    """
+    value, vocab = hf.get("pad_token_id"), hf.get("vocab_size")
+    if value is None:
+        return None
+    if not is_int(value) or value < 0 or (is_int(vocab) and value >= vocab):
+        raise ValueError(f"{where}: pad_token_id={value!r} must be an int in [0, vocab_size="
+                         f"{vocab!r}): the embeddings keep that row for padding")
+    return value
 
 
 def token_id(hf: Mapping[str, Any], key: str) -> int | None:

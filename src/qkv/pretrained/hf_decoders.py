@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qkv.models import DecoderLMConfig
+from qkv.pretrained.hf_common import hf_flag
 from qkv.pretrained.hf_llama import HF_LLAMA_NAMES, llama_config, llama_entries
 from qkv.pretrained.weights import Entry, Transform
 
@@ -157,7 +158,7 @@ def _gemma2(hf: Mapping[str, Any], where: str) -> dict[str, Any]:
         "attn_softcap": hf.get("attn_logit_softcapping"),
         "logit_softcap": hf.get("final_logit_softcapping"),
         "embed_scale": math.sqrt(E),
-        "tie_embeddings": bool(hf.get("tie_word_embeddings", True)),
+        "tie_embeddings": hf_flag(hf, "tie_word_embeddings", where, True),
         # Older files: even layers are local (sliding), odd ones global.
         **_old_layer_windows(hf, lambda i: i % 2 == 0),
     }

@@ -25,7 +25,7 @@ from typing import Any
 from torch import Tensor
 
 from qkv.models import DecoderLM, DecoderLMConfig
-from qkv.pretrained.hf_common import hf_activation, token_id
+from qkv.pretrained.hf_common import hf_activation, hf_flag, token_id
 from qkv.pretrained.weights import Entry, load_entries, transpose, with_prefix
 
 __all__ = ["gpt2_config", "gpt2_entries", "gpt2_ignored", "load_gpt2_weights"]
@@ -54,7 +54,7 @@ def gpt2_config(hf: Mapping[str, Any], *, where: str) -> DecoderLMConfig:
             max_len=hf.get("n_positions", 1024),
             norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
             activation=hf_activation(hf, "activation_function", where, default="gelu_new"),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+            tie_embeddings=hf_flag(hf, "tie_word_embeddings", where, True),
             bos_id=token_id(hf, "bos_token_id"),
             eos_id=token_id(hf, "eos_token_id"),
             dropout=0.0,

@@ -31,7 +31,7 @@ from typing import Any
 from torch import Tensor
 
 from qkv.models import DecoderLM, DecoderLMConfig
-from qkv.pretrained.hf_common import token_id
+from qkv.pretrained.hf_common import hf_flag, token_id
 from qkv.pretrained.weights import Entry, Transform, load_entries
 
 __all__ = [
@@ -151,7 +151,7 @@ def llama_config(hf: Mapping[str, Any], *, where: str, **options: Any) -> Decode
         ValueError: MLP biases, an activation other than SiLU (unless ``options`` set one),
             an unsupported RoPE scaling, or a missing size.
     """
-    if hf.get("mlp_bias"):
+    if hf_flag(hf, "mlp_bias", where, False):
         raise ValueError(f"{where}: mlp_bias=True is not supported (biases in the feed-forward)")
     if "activation" not in options and hf.get("hidden_act", "silu") not in ("silu", "swish"):
         raise ValueError(f"{where}: hidden_act={hf.get('hidden_act')!r}; Llama SwiGLU needs 'silu'")
@@ -168,7 +168,7 @@ def llama_config(hf: Mapping[str, Any], *, where: str, **options: Any) -> Decode
             d_ff=hf["intermediate_size"],
             max_len=hf.get("max_position_embeddings", 2048),
             norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            tie_embeddings=hf_flag(hf, "tie_word_embeddings", where, False),
             bos_id=token_id(hf, "bos_token_id"),
             eos_id=token_id(hf, "eos_token_id"),
             pad_id=token_id(hf, "pad_token_id"),
@@ -176,7 +176,7 @@ def llama_config(hf: Mapping[str, Any], *, where: str, **options: Any) -> Decode
             **rope_settings(hf, where, D),
             **hf_windows(hf, L),
         )
-        if hf.get("attention_bias"):
+        if hf_flag(hf, "attention_bias", where, False):
             fields.update(qkv_bias=True, out_bias=True)
         scaling = fields["rope_scaling"]
         if scaling is not None and scaling["kind"] == "dynamic":

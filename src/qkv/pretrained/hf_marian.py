@@ -27,6 +27,7 @@ from qkv.data.files import BadFileError, read_json, reading
 from qkv.models import Seq2SeqConfig
 from qkv.pretrained.errors import require
 from qkv.pretrained.hf_bart import bart_family_entries, family_config
+from qkv.pretrained.hf_common import hf_flag
 from qkv.pretrained.weights import Entry
 
 __all__ = ["MarianTokenizer", "marian_config", "marian_entries", "marian_ignored"]
@@ -44,7 +45,7 @@ def marian_config(hf: Mapping[str, Any], *, where: str) -> Seq2SeqConfig:
             different encoder/decoder sizes, an unknown activation, a missing size.
     """
     vocab, dec_vocab = hf.get("vocab_size"), hf.get("decoder_vocab_size")
-    if hf.get("share_encoder_decoder_embeddings", True) is False or (
+    if not hf_flag(hf, "share_encoder_decoder_embeddings", where, True) or (
         dec_vocab is not None and dec_vocab != vocab
     ):
         raise ValueError(
@@ -52,7 +53,7 @@ def marian_config(hf: Mapping[str, Any], *, where: str) -> Seq2SeqConfig:
             f"embeddings={hf.get('share_encoder_decoder_embeddings')!r}, vocab_size={vocab!r}, "
             f"decoder_vocab_size={dec_vocab!r}) are not supported; expected one shared vocabulary"
         )
-    if hf.get("normalize_before"):
+    if hf_flag(hf, "normalize_before", where, False):
         raise ValueError(f"{where}: normalize_before=true (pre-norm Marian) is not supported")
     return family_config(hf, where=where, positions="sinusoidal", sinusoidal_layout="split")
 

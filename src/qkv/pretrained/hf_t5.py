@@ -34,7 +34,7 @@ from typing import Any
 
 from qkv.checks import is_int
 from qkv.models import Seq2SeqConfig
-from qkv.pretrained.hf_common import HF_ACTIVATIONS, token_id
+from qkv.pretrained.hf_common import HF_ACTIVATIONS, hf_flag, token_id
 from qkv.pretrained.weights import Entry
 
 __all__ = ["t5_config", "t5_entries", "t5_ignored"]
@@ -69,7 +69,8 @@ def t5_config(hf: Mapping[str, Any], *, where: str, names: Iterable[str]) -> Seq
     """
     try:
         V, E = hf["vocab_size"], hf["d_model"]
-        scale = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True) is not False)
+        scale = hf_flag(hf, "scale_decoder_outputs", where,
+                        hf_flag(hf, "tie_word_embeddings", where, True))
         start = token_id(hf, "decoder_start_token_id")
         pad = token_id(hf, "pad_token_id")
         layers = hf["num_layers"]
