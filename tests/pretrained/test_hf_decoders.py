@@ -21,7 +21,7 @@ import qkv.inspect as qi
 import qkv.pretrained
 from helpers import assert_close
 from qkv.generate import generate
-from qkv.models import DecoderLM
+from qkv.models import DecoderLM, DecoderLMConfig
 
 V, E, L = 128, 64, 3
 SIZES = dict(vocab_size=V, hidden_size=E, intermediate_size=96, num_hidden_layers=L,
@@ -259,3 +259,24 @@ def test_a_tokenizer_file_that_is_a_folder_is_named(tmp_path):
     with pytest.raises(BadFileError, match=r"tokenizer\.json: expected a file, found a folder"):
         tokenizer_from_folder(tmp_path)
     assert tokenizer_from_folder(tmp_path / "tokenizer.json") is None  # no tokenizer files
+
+
+def test_rotary_models_generate_past_max_position_embeddings(tmp_path, monkeypatch):
+    """Issue 31: generate refused a prompt plus new tokens past ``max_position_embeddings``
+    on a rotary model whose forward takes any length, where transformers generates. Now
+    the tokens equal transformers' (6 + 14 tokens with a limit of 8); a learned position
+    table (GPT-2) still refuses, naming its size."""
+    monkeypatch.setitem(FAMILIES, "qwen2-short", lambda t: t.Qwen2Config(
+        **{**SIZES, "max_position_embeddings": 8}))
+    ref = _reference("qwen2-short", tmp_path)
+    model = qkv.pretrained.load(tmp_path).model
+    prompt = _ids()[:1, :6]
+    tokens = generate(model, prompt, max_new_tokens=14)[0].tolist()
+    with torch.no_grad():
+        theirs = ref.generate(prompt, max_new_tokens=14, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)[0, 6:].tolist()  # fmt: skip
+    assert tokens == theirs, f"greedy tokens {tokens} != transformers' {theirs}"
+    gpt2 = DecoderLM(DecoderLMConfig.gpt2_style(V, d_model=32, num_layers=1, num_heads=2,
+                                                max_len=8)).eval()
+    with pytest.raises(ValueError, match=r"exceeds the model's max_len=8 \(learned positions\)"):
+        generate(gpt2, prompt, max_new_tokens=3)

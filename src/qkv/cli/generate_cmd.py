@@ -207,14 +207,14 @@ def generate_from_bundle(
         ValueError: a sentence encoder; ``chat=True`` without a chat template; bad options.
     """
     from qkv.generate import generate, strip
-    from qkv.generate.args import default_new_tokens
+    from qkv.generate.args import default_new_tokens, length_limit
     from qkv.pretrained import DecoderBundle
 
     if not isinstance(bundle, DecoderBundle):
         raise ValueError(f"{bundle.name!r} is a sentence encoder, not a language model; "
                          "try: qkv embed --model ...")  # fmt: skip
     use_chat = _use_chat(bundle, chat)
-    limit = getattr(getattr(bundle.model, "config", None), "max_len", None)
+    limit = length_limit(bundle.model)
     beam = options.pop("beam_size", None)
     out = []
     for prompt in prompts:
@@ -366,10 +366,10 @@ def stream_from_bundle(
     :func:`generate_from_bundle`'s)."""
     import time
 
-    from qkv.generate.args import default_new_tokens
+    from qkv.generate.args import default_new_tokens, length_limit
 
     use_chat = _use_chat(bundle, chat)
-    limit = getattr(getattr(bundle.model, "config", None), "max_len", None)
+    limit = length_limit(bundle.model)
     texts = []
     for i, prompt in enumerate(prompts):
         if len(prompts) > 1:

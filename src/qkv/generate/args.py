@@ -32,6 +32,7 @@ __all__ = [
     "check_sampling",
     "check_seed",
     "default_new_tokens",
+    "length_limit",
     "output_vocab",
     "special_ids",
 ]
@@ -161,6 +162,15 @@ def special_ids(
     eos, pad, bos = out["eos_id"], out["pad_id"], out["bos_id"]
     fill = pad if pad is not None else (eos if eos is not None else 0)
     return eos, pad, bos, fill
+
+
+def length_limit(model: Any) -> int | None:
+    """The most positions ``model`` takes: a decoder's learned position table
+    (``position_limit``; None for rotary, ALiBi or no positions, which take any length, as
+    transformers generates past ``max_position_embeddings``), else its config's ``max_len``."""
+    if hasattr(model, "position_limit"):
+        return model.position_limit
+    return getattr(getattr(model, "config", None), "max_len", None)
 
 
 def default_new_tokens(limit: int | None, longest: int, default: int) -> int:

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from qkv.attention.threads import fitted
 from qkv.checks import carry_checked, is_int, positive_int, remember_checked
+from qkv.generate.args import length_limit
 
 __all__ = [
     "DecoderSession",
@@ -135,12 +136,13 @@ class DecoderSession:
         model: ``forward(input_ids, *, attention_mask, cache, positions) -> (B, T, V)`` and
             ``new_cache()``, e.g. :class:`qkv.models.DecoderLM`.
         prompts: ``B`` prompts of token ids (any lengths >= 1), or a ``(B, P)`` tensor.
-        max_new_tokens: the most tokens that will be generated (checked against the model's
-            ``max_len``).
+        max_new_tokens: the most tokens that will be generated (checked against a learned
+            position table's size, :func:`~qkv.generate.args.length_limit`; rotary and ALiBi
+            models generate past ``max_len``, as transformers does).
 
     Raises:
         ValueError: empty or malformed prompts, ids outside the vocabulary, or a prompt plus
-            ``max_new_tokens`` longer than the model's ``max_len``.
+            ``max_new_tokens`` longer than a learned position table.
     """
 
     def __init__(self, model: nn.Module, prompts: Inputs, max_new_tokens: int) -> None:
@@ -148,11 +150,11 @@ class DecoderSession:
         config = getattr(model, "config", None)
         _check_rows(rows, "prompts", getattr(config, "vocab_size", None))
         P = max(len(r) for r in rows)
-        limit = _max_len(model)
+        limit = length_limit(model)  # rotary, ALiBi: none (the forward takes any length)
         if limit is not None and P + max_new_tokens > limit:
             raise ValueError(
                 f"a prompt of {P} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
-                f"max_len={limit}"
+                f"max_len={limit} (learned positions)"
             )
         device = model_device(model)
         self.model, self.batch = model, len(rows)

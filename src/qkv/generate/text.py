@@ -15,7 +15,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from qkv.checks import positive_int
-from qkv.generate.args import check_sampling, default_new_tokens, special_ids
+from qkv.generate.args import check_sampling, default_new_tokens, length_limit, special_ids
 from qkv.generate.beam import beam_search
 from qkv.generate.search import sample, strip
 from qkv.generate.session import Inputs, is_seq2seq
@@ -159,7 +159,7 @@ def complete(
     eos = _eos(model, options)
     ids = [tokenizer.encode(p, add_bos=add_bos) for p in prompts]
     if max_new_tokens is None:
-        limit = getattr(getattr(model, "config", None), "max_len", None)
+        limit = length_limit(model)
         longest = max((len(i) for i in ids), default=0)
         max_new_tokens = default_new_tokens(limit, longest, COMPLETE_DEFAULT_TOKENS)
     tokens = generate(model, ids, max_new_tokens=max_new_tokens, **options)
