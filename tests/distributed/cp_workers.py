@@ -63,7 +63,8 @@ MODEL_CASES = [
     for f in ("decoder-rope-gqa", "decoder-learned", "decoder-alibi", "encoder-learned-pad",
               "encoder-alibi")
 ]
-ERROR_CASES = ["too-short", "all-to-all-heads", "dense-mask", "dropout", "no-cache"]
+ERROR_CASES = ["too-short", "all-to-all-heads", "dense-mask", "dropout", "no-cache",
+               "uneven-shards", "all-to-all-uneven", "other-sizes"]
 ALL = [c[0] for c in KERNEL_CASES] + FEATURE_CASES + MODEL_CASES + ERROR_CASES
 
 
@@ -191,6 +192,13 @@ def error_case(name, rank, size):
                                 False, False))
         elif name == "dropout":
             ring_call(make_call(q, q, q, None, 0.5, False, None, False, False))
+        elif name in ("uneven-shards", "all-to-all-uneven"):  # 4 positions on rank 0, 3 after
+            x = torch.randn(1, 4, 4 if rank == 0 else 3, 8, dtype=torch.float64)
+            fn = ring_attention if name == "uneven-shards" else all_to_all_attention
+            fn(x, x, x)
+        elif name == "other-sizes":  # rank 0's heads are 8 wide, the others' 16
+            x = torch.randn(1, 4, 4, 8 if rank == 0 else 16, dtype=torch.float64)
+            ring_attention(x, x, x)
         elif name == "no-cache":
             model = _model("decoder-learned")
             with context_parallel(model):

@@ -25,6 +25,7 @@ from qkv.checks import is_int
 from qkv.distributed.comm import world
 
 __all__ = [
+    "agreed_lengths",
     "chunk_bounds",
     "gather_sequence",
     "local_lengths",
@@ -120,6 +121,64 @@ def local_lengths(length: int, group: dist.ProcessGroup | None = None, *, device
     every = [torch.zeros_like(mine) for _ in range(size)]
     dist.all_gather(every, mine, group=group)
     return [int(t) for t in every]
+
+
+_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+def agreed_lengths(name: str, call, seq_len: int | None,
+                   group: dist.ProcessGroup | None = None) -> list[int]:
+    """Every rank's shard length for a context-parallel call, checked before any exchange.
+
+    With ``seq_len`` the lengths follow from the layout and only this rank's is checked.
+    Without it one all-gather of this rank's sizes (``T_r, B, H, Hkv, D, Dv``, dtype) tells
+    every rank every other's: all of them then refuse alike (nobody is left waiting in a
+    send) shards whose other sizes or dtypes differ, and lengths that are not the zigzag
+    layout of their sum (rank 0 holding 4 positions and rank 1 holding 3 is no layout of 7:
+    ranks 0 and 1 hold 3 and 4).
+
+    Raises:
+        ValueError: naming ``name``, every rank's sizes and the expected layout.
+    """
+    rank, size = world(group)
+    q, v, T_r = call.query, call.value, call.T
+    if seq_len is not None:
+        expected = _layout(seq_len, size)
+        if expected[rank] != T_r:
+            raise ValueError(
+                f"{name}: seq_len={seq_len} over {size} ranks gives rank {rank} a shard of "
+                f"{expected[rank]} positions, but its inputs hold {T_r}: shard with "
+                "qkv.distributed.shard_sequence"
+            )
+        return expected
+    if size == 1:
+        return [T_r]
+    code = _DTYPES.index(q.dtype) if q.dtype in _DTYPES else len(_DTYPES)
+    mine = torch.tensor([T_r, q.shape[0], q.shape[1], call.key.shape[1], q.shape[3],
+                         v.shape[3], code], dtype=torch.int64, device=q.device)
+    every = [torch.zeros_like(mine) for _ in range(size)]
+    dist.all_gather(every, mine, group=group)
+    rows = [t.tolist() for t in every]
+    if len({tuple(r[1:]) for r in rows}) > 1:
+        sizes = "; ".join(f"rank {r}: (B, H, Hkv, D, Dv) = {tuple(row[1:6])}, "
+                          f"{str(_DTYPES[row[6]]) if row[6] < len(_DTYPES) else 'other'}"
+                          for r, row in enumerate(rows))
+        raise ValueError(f"{name}: the ranks' shards differ beyond their lengths ({sizes}); "
+                         "every rank must hold a shard of the same sequence")
+    lengths = [row[0] for row in rows]
+    expected = _layout(sum(lengths), size)
+    if lengths != expected:
+        raise ValueError(
+            f"{name}: the ranks hold shards of {lengths} positions, but the layout of "
+            f"T={sum(lengths)} over {size} ranks gives {expected}: shard with "
+            "qkv.distributed.shard_sequence"
+        )
+    return lengths
+
+
+def _layout(T: int, size: int) -> list[int]:
+    """Every rank's shard length for a length-``T`` sequence."""
+    return [sum(b - a for a, b in rank_chunks(T, size, r)) for r in range(size)]
 
 
 def gather_sequence(x: Tensor, dim: int, group: dist.ProcessGroup | None = None) -> Tensor:

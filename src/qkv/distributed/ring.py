@@ -39,7 +39,7 @@ from qkv.attention.masks import accumulation_dtype
 from qkv.attention.weights import merge_partials
 from qkv.distributed.blocks import block_backward, block_forward
 from qkv.distributed.comm import RingExchange, world
-from qkv.distributed.layout import local_lengths, rank_chunks
+from qkv.distributed.layout import agreed_lengths, rank_chunks
 
 __all__ = ["ring_attention", "ring_call", "shard_call"]
 
@@ -124,29 +124,12 @@ def ring_call(
     """
     _check_ring_call(call)
     rank, size = world(group)
-    lengths = _lengths(call.T, seq_len, group, call.query.device)
+    lengths = agreed_lengths("ring_attention", call, seq_len, group)
     plan = _Plan(group, rank, size, tuple(lengths), call.causal is not None, call.window,
                  call.scale)
     mask = _key_mask(call)
     out = _RingFunction.apply(call.query, call.key, call.value, mask, call.alibi, plan)
     return out, None
-
-
-def _lengths(T_r: int, seq_len: int | None, group, device) -> list[int]:
-    if seq_len is None:
-        return local_lengths(T_r, group, device=device)
-    rank, size = world(group)
-    lengths = [
-        (a1 - a0) + (b1 - b0) for (a0, a1), (b0, b1) in
-        (rank_chunks(seq_len, size, r) for r in range(size))
-    ]
-    if lengths[rank] != T_r:
-        raise ValueError(
-            f"seq_len={seq_len} over {size} ranks gives rank {rank} a shard of "
-            f"{lengths[rank]} positions, but its inputs hold {T_r}: shard with "
-            "qkv.distributed.shard_sequence"
-        )
-    return lengths
 
 
 def _check_ring_call(call: AttentionCall) -> None:

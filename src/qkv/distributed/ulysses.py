@@ -21,7 +21,7 @@ from torch import Tensor
 from qkv.attention.call import AttentionCall
 from qkv.attention.sdpa import run_call
 from qkv.distributed.comm import all_to_all, world
-from qkv.distributed.layout import chunk_bounds, gather_sequence, local_lengths, shard_index
+from qkv.distributed.layout import agreed_lengths, gather_sequence, shard_index
 from qkv.distributed.ring import shard_call
 
 __all__ = ["all_to_all_attention", "all_to_all_call"]
@@ -89,16 +89,8 @@ def all_to_all_call(
             "context-parallel attention takes no mask or a key-padding mask broadcast over "
             f"queries (shape (B, 1, 1, S)); got a mask of shape {tuple(call.mask.shape)}"
         )
-    lengths = local_lengths(call.T, group, device=call.query.device) if seq_len is None else None
-    T = sum(lengths) if lengths is not None else seq_len
-    chunk_bounds(T, size)
-    if lengths is None:
-        lengths = [len(shard_index(T, size, r)) for r in range(size)]
-    if lengths[rank] != call.T:
-        raise ValueError(
-            f"seq_len={T} over {size} ranks gives rank {rank} a shard of {lengths[rank]} "
-            f"positions, but its inputs hold {call.T}: shard with qkv.distributed.shard_sequence"
-        )
+    lengths = agreed_lengths("all-to-all attention", call, seq_len, group)
+    T = sum(lengths)
     k, v = call.key, call.value
     if k.shape[1] % size:  # grouped K/V heads that do not split: repeat them to H heads
         k, v = (t.repeat_interleave(H // t.shape[1], dim=1) for t in (k, v))  # (B, H, T_r, D)
