@@ -249,3 +249,34 @@ def test_bad_torchrun_variables_are_named_before_any_rendezvous(monkeypatch, env
         monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=message):
         init_distributed("cpu", timeout=5)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_that_never_starts_ends_the_rendezvous_with_its_variables_named(
+        monkeypatch, rank):
+    """Issue 31: WORLD_SIZE=2 with the other rank never started waited past 100 s (the
+    collectives' timeout bounded the rendezvous). Now QKV_RENDEZVOUS_TIMEOUT (120 s unless
+    set) bounds it, and the error names the variables to check."""
+    import socket
+    import time
+
+    from qkv.distributed.data_parallel import init_distributed
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    for name, value in dict(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT=str(port), QKV_RENDEZVOUS_TIMEOUT="2").items():
+        monkeypatch.setenv(name, value)
+    start = time.monotonic()
+    expected = (r"rank 0 waited 2 s for all WORLD_SIZE=2 ranks to join at MASTER_ADDR:"
+                rf"MASTER_PORT=127.0.0.1:{port}" if rank == 0 else
+                rf"rank 1 of WORLD_SIZE=2 could not join rank 0 at MASTER_ADDR:MASTER_PORT="
+                rf"127.0.0.1:{port} within 2 s")
+    with pytest.raises(RuntimeError, match=expected):
+        init_distributed("cpu", timeout=600)
+    assert time.monotonic() - start < 60  # bounded by the rendezvous wait, not the 600 s
+    monkeypatch.setenv("QKV_RENDEZVOUS_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="QKV_RENDEZVOUS_TIMEOUT='soon' must be a number"):
+        init_distributed("cpu")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Sequence
 from datetime import timedelta
@@ -48,6 +49,11 @@ __all__ = [
 # 30 minutes for gloo): long enough for rank 0 to write a checkpoint, short enough that a
 # rank stuck for good ends the job.
 DEFAULT_TIMEOUT = 600.0
+# Seconds rank 0 waits for every rank to join (and a rank waits to reach rank 0) when the job
+# starts: ``torchrun`` starts them together, so a rank missing after this long was never
+# started (WORLD_SIZE too large) or cannot reach MASTER_ADDR:MASTER_PORT. QKV_RENDEZVOUS_TIMEOUT
+# overrides it.
+RENDEZVOUS_TIMEOUT = 120.0
 _ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -161,9 +167,42 @@ def init_distributed(device: str | torch.device = "cpu", *,
         if not torch.cuda.is_available():
             raise ValueError(f"device {str(device)!r} asked for, but CUDA is not available")
         torch.cuda.set_device(dev)
-    dist.init_process_group(backend_for(dev), rank=rank, world_size=size,
+    store = _rendezvous(rank, size, timeout)
+    dist.init_process_group(backend_for(dev), store=store, rank=rank, world_size=size,
                             timeout=timedelta(seconds=timeout))  # fmt: skip
     return world
+
+
+def _rendezvous(rank: int, size: int, timeout: float) -> dist.Store:
+    """torchrun's ``env://`` rendezvous (its agent's store, or rank 0's), bounded by
+    :data:`RENDEZVOUS_TIMEOUT` instead of the collectives' ``timeout``.
+
+    Raises:
+        RuntimeError: a rank missing or unreachable, naming the variables to check.
+    """
+    text = os.environ.get("QKV_RENDEZVOUS_TIMEOUT")
+    try:
+        wait = RENDEZVOUS_TIMEOUT if text is None else float(text)
+    except ValueError:
+        wait = -1.0
+    if not wait > 0 or not math.isfinite(wait):
+        raise ValueError(f"environment variable QKV_RENDEZVOUS_TIMEOUT={text!r} must be a "
+                         "number of seconds > 0")
+    where = f"MASTER_ADDR:MASTER_PORT={os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    try:
+        store, _, _ = next(dist.rendezvous("env://", rank, size,
+                                           timeout=timedelta(seconds=wait)))
+    except (RuntimeError, TimeoutError) as err:  # DistStoreError, DistNetworkError, ...
+        if rank == 0:
+            why = (f"rank 0 waited {wait:g} s for all WORLD_SIZE={size} ranks to join at "
+                   f"{where}; start every rank (torchrun --nproc-per-node={size}) or lower "
+                   "WORLD_SIZE")
+        else:
+            why = (f"rank {rank} of WORLD_SIZE={size} could not join rank 0 at {where} within "
+                   f"{wait:g} s; check that rank 0 runs and the address is reachable")
+        raise RuntimeError(f"{why} (QKV_RENDEZVOUS_TIMEOUT sets the wait; {err})") from None
+    store.set_timeout(timedelta(seconds=timeout))
+    return store
 
 
 def _env_int(name: str, minimum: int) -> int:
