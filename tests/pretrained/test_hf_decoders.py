@@ -280,3 +280,20 @@ def test_rotary_models_generate_past_max_position_embeddings(tmp_path, monkeypat
                                                 max_len=8)).eval()
     with pytest.raises(ValueError, match=r"exceeds the model's max_len=8 \(learned positions\)"):
         generate(gpt2, prompt, max_new_tokens=3)
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_a_half_precision_folder_loads_as_transformers_loads_it_in_float32(tmp_path, kind):
+    """Issue 31: a Gemma 2 folder stored in float16 gave logits 1e-2 from transformers'
+    (both in float32): qkv added Gemma's ``1 + w`` in the file's float16 before widening.
+    Transforms now run in the wider dtype, so every family's fp16 folder loads as exactly as
+    its float32 one (qkv computes in float32; transformers 5 by default in the stored
+    dtype: docs/pretrained.md)."""
+    transformers = need("transformers")
+    _reference(kind, tmp_path / "f32").half().save_pretrained(tmp_path / "f16")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "f16", attn_implementation="eager", dtype=torch.float32).eval()
+    model = qkv.pretrained.load(tmp_path / "f16").model
+    ids = _ids()
+    with torch.no_grad():
+        assert_close(model(ids), ref(ids).logits, atol=1e-4, name=f"{kind} fp16 folder logits")

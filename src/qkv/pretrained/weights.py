@@ -139,6 +139,15 @@ def check_entries(
                            path=where)  # fmt: skip
 
 
+def _wider(t: Tensor, param: Tensor) -> Tensor:
+    """``t`` in the wider of its dtype and ``param``'s, so a transform (Gemma's ``1 + w``)
+    rounds once, into the model's dtype, not first in the file's (an fp16 folder loaded in
+    float32 was 1e-2 off transformers' logits)."""
+    if t.is_floating_point() and param.is_floating_point():
+        return t.to(torch.promote_types(t.dtype, param.dtype))
+    return t
+
+
 def load_entries(
     model: nn.Module,
     state: Mapping[str, Tensor],
@@ -169,9 +178,9 @@ def load_entries(
     new: dict[str, Tensor] = {}
     for e in entries:
         for key, fn in e.targets:
-            t = state[e.source] if fn is None else fn(state[e.source])
             if key not in params:
                 raise ValueError(f"{where}: converter error: qkv model has no parameter {key!r}")
+            t = state[e.source] if fn is None else fn(_wider(state[e.source], params[key]))
             if t.shape != params[key].shape:
                 raise ValueError(
                     f"{where}: tensor {e.source!r} gives {key!r} shape {tuple(t.shape)}, but "
