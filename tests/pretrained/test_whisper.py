@@ -323,3 +323,41 @@ def test_files_that_lie_about_rate_or_amplitude_are_refused_by_name(tmp_path, ra
     with pytest.raises(BadFileError, match=match) as info:
         audio.load_audio(path)
     assert "odd.wav" in str(info.value)
+
+
+def test_long_files_are_read_window_by_window_in_bounded_memory(tmp_path):
+    """Issue 31: eight hours of FLAC died in the allocator (every window's features at once).
+    A file is now read, checked and resampled block by block: 20 minutes of 48 kHz stereo
+    (461 MB as float32 samples) pass through holding under 40 MB, and the windows are the
+    samples load_audio gives (the same resampler, fed in blocks)."""
+    import tracemalloc
+
+    sf = pytest.importorskip("soundfile")
+    path, rate = tmp_path / "long.flac", 48000
+    rng = np.random.default_rng(0)
+    with sf.SoundFile(str(path), "w", rate, 2, subtype="PCM_16") as f:
+        for _ in range(20):  # 20 minutes, a minute at a time: quiet noise
+            f.write((rng.standard_normal((rate * 60, 2)) * 0.01).astype(np.float32))
+    tracemalloc.start()
+    sizes = [w.shape[0] for w in audio.audio_windows(path)]
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert sizes == [audio.WINDOW_SAMPLES] * 40, sizes
+    assert peak < 40e6, f"peak {peak / 1e6:.0f} MB while reading 20 minutes"
+    short = tmp_path / "short.flac"
+    sf.write(str(short), sf.read(str(path), frames=rate * 75)[0], rate)  # 75 s: 3 windows
+    windows = list(audio.audio_windows(short))
+    assert [w.shape[0] for w in windows] == [480000, 480000, 240000]
+    np.testing.assert_array_equal(np.concatenate(windows), audio.load_audio(short))
+
+
+def test_a_bad_sample_far_into_a_file_is_named_by_its_index(tmp_path):
+    sf = pytest.importorskip("soundfile")
+    samples = np.zeros(16000 * 70, dtype=np.float32)  # 70 s: the NaN is in the third window
+    samples[16000 * 65 + 3] = np.nan
+    path = tmp_path / "late.wav"
+    sf.write(str(path), samples, 16000, subtype="FLOAT")
+    windows = audio.audio_windows(path)
+    assert next(windows).shape == (audio.WINDOW_SAMPLES,)  # the first windows come first
+    with pytest.raises(BadFileError, match=rf"late\.wav: audio holds NaN .*sample {16000 * 65 + 3}"):
+        list(windows)

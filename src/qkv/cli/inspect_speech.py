@@ -33,8 +33,8 @@ def inspect_speech(bundle: Any, audio: Path, out: Path, *, title: str) -> dict[s
     if not audio.is_file():
         what = "is a folder" if audio.is_dir() else "does not exist"
         raise FileNotFoundError(f"TEXT {audio} {what}: a speech model takes an audio file")
-    samples = audio_mod.waveform(audio)
-    features = bundle.features(samples)[:1]  # (1, n_mels, 3000): the first 30 s window
+    samples = next(audio_mod.audio_windows(audio))  # the first 30 s, read alone
+    features = bundle.features(samples)  # (1, n_mels, 3000)
     tokens = [*bundle.prompt, *bundle.tokens(features)[0]]
     labels = [bundle.tokenizer.decode([t]) for t in tokens]
     seconds = min(samples.shape[0] / audio_mod.SAMPLE_RATE, audio_mod.WINDOW_SECONDS)

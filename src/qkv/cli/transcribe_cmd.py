@@ -36,8 +36,8 @@ def _align(bundle, audio: Path, png: Path) -> Path:
     from qkv.inspect.alignment import cross_attention_alignment, plot_time_alignment
     from qkv.pretrained import audio as audio_mod
 
-    samples = audio_mod.waveform(audio)
-    features = bundle.features(samples)[:1]  # (1, n_mels, 3000)
+    samples = next(audio_mod.audio_windows(audio))  # the first 30 s, read alone
+    features = bundle.features(samples)  # (1, n_mels, 3000)
     output = bundle.tokens(features)[0]
     tokens = [*bundle.prompt, *output]
     heads = bundle.alignment_heads or None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,7 @@ __all__ = [
     "N_FFT",
     "SAMPLE_RATE",
     "WINDOW_SAMPLES",
+    "audio_windows",
     "load_audio",
     "log_mel",
     "mel_filters",
@@ -89,7 +91,8 @@ def mel_filters(n_mels: int = 80, n_fft: int = N_FFT, sample_rate: int = SAMPLE_
 
 
 def load_audio(path: str | os.PathLike) -> np.ndarray:
-    """Read an audio file as 16 kHz mono float32 samples ``(N,)``.
+    """Read an audio file as 16 kHz mono float32 samples ``(N,)`` (all of it: for long files
+    iterate :func:`audio_windows` instead).
 
     Raises:
         MissingFileError: no file at ``path``.
@@ -97,18 +100,62 @@ def load_audio(path: str | os.PathLike) -> np.ndarray:
             1 kHz .. 384 kHz, non-finite samples or samples far outside [-1, 1].
         ImportError: ``soundfile`` or ``soxr`` missing (the message says how to install).
     """
-    path = Path(path)
+    return np.concatenate(list(_file_windows(Path(path))))
+
+
+def audio_windows(audio: object) -> Iterator[np.ndarray]:
+    """``audio``'s consecutive 30 s windows of 16 kHz mono float32 samples ``(<= 480000,)``
+    (the last one shorter; one window at least). A file is read, checked and resampled block
+    by block, so memory stays that of a window or two whatever its length (8 hours of FLAC
+    included); the samples equal :func:`load_audio`'s.
+
+    Raises:
+        as :func:`waveform`, for a file as soon as the bad block is read.
+    """
+    if isinstance(audio, (str, os.PathLike)):
+        yield from _file_windows(Path(audio))
+    else:
+        yield from split_windows(waveform(audio))
+
+
+def _file_windows(path: Path) -> Iterator[np.ndarray]:
     if not path.is_file():
         raise MissingFileError(f"no audio file at {path}", path=path)
     sf = require("soundfile", "soundfile")
     try:
-        data, rate = sf.read(str(path), dtype="float32", always_2d=True)  # (N, channels)
+        f = sf.SoundFile(str(path))
     except Exception as err:  # libsndfile's errors have no documented type
         raise BadFileError(f"{path}: cannot decode audio ({err}); expected WAV, FLAC or OGG",
                            path=path) from None  # fmt: skip
-    if data.shape[0] == 0:
+    with f:
+        rate = int(f.samplerate)
+        _check_rate(rate, str(path))
+        resampler = None
+        if rate != SAMPLE_RATE:
+            resampler = require("soxr", "soxr").ResampleStream(rate, SAMPLE_RATE, 1,
+                                                               dtype="float32")
+        pending, read, windows = np.zeros(0, dtype=np.float32), 0, 0
+        while True:
+            try:
+                block = f.read(rate * WINDOW_SECONDS, dtype="float32", always_2d=True)
+            except Exception as err:
+                raise BadFileError(f"{path}: cannot decode audio after sample {read} ({err})",
+                                   path=path) from None  # fmt: skip
+            last = block.shape[0] == 0
+            mono = _checked(block.mean(axis=1), read, str(path))
+            read += mono.shape[0]
+            if resampler is not None:
+                mono = resampler.resample_chunk(mono, last=last)
+            pending = np.concatenate([pending, mono.astype(np.float32, copy=False)])
+            while pending.shape[0] >= WINDOW_SAMPLES:
+                yield pending[:WINDOW_SAMPLES]
+                pending, windows = pending[WINDOW_SAMPLES:], windows + 1
+            if last:
+                break
+    if read == 0:
         raise BadFileError(f"{path}: the audio has no samples", path=path)
-    return _prepare(data.mean(axis=1), int(rate), str(path))
+    if pending.shape[0] or windows == 0:
+        yield pending
 
 
 # Sample rates a file may declare (telephone 8 kHz is far above the low end; 384 kHz is the
@@ -118,21 +165,27 @@ RATES = (1_000, 384_000)
 MAX_AMPLITUDE = 1e3
 
 
-def _prepare(samples: np.ndarray, rate: int, what: str) -> np.ndarray:
+def _check_rate(rate: int, what: str) -> None:
     if not RATES[0] <= rate <= RATES[1]:
         raise BadFileError(f"{what}: a sample rate of {rate} Hz; expected {RATES[0]:,} to "
                            f"{RATES[1]:,} Hz (resampling {rate} Hz to {SAMPLE_RATE} would "
                            "invent the audio)", path=what)
+
+
+def _checked(samples: np.ndarray, offset: int, what: str) -> np.ndarray:
+    """``samples`` (starting at sample ``offset`` of the file), refused when not finite or
+    far outside [-1, 1], naming the first bad sample."""
     if not np.isfinite(samples).all():
-        raise BadFileError(f"{what}: audio holds NaN or infinite samples", path=what)
-    peak = int(np.argmax(np.abs(samples)))
-    if abs(float(samples[peak])) > MAX_AMPLITUDE:
-        raise BadFileError(f"{what}: sample {peak} is {float(samples[peak]):.3g}; audio samples "
-                           f"lie in [-1, 1] (at most {MAX_AMPLITUDE:g} accepted)", path=what)
-    if rate != SAMPLE_RATE:
-        soxr = require("soxr", "soxr")
-        samples = soxr.resample(samples, rate, SAMPLE_RATE)
-    return np.ascontiguousarray(samples, dtype=np.float32)
+        bad = offset + int(np.argmin(np.isfinite(samples)))
+        raise BadFileError(f"{what}: audio holds NaN or infinite samples (sample {bad})",
+                           path=what)
+    if samples.size:
+        peak = int(np.argmax(np.abs(samples)))
+        if abs(float(samples[peak])) > MAX_AMPLITUDE:
+            raise BadFileError(f"{what}: sample {offset + peak} is {float(samples[peak]):.3g}; "
+                               f"audio samples lie in [-1, 1] (at most {MAX_AMPLITUDE:g} "
+                               "accepted)", path=what)
+    return samples
 
 
 def waveform(audio: object) -> np.ndarray:

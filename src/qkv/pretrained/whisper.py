@@ -242,6 +242,23 @@ def load_whisper_ct2(folder: str | Path) -> tuple[SpeechSeq2Seq, PretrainedToken
     return model.eval(), tokenizer, options
 
 
+# Windows transcribed together: a batch for the encoder and the decoder, and the most audio
+# (4 minutes) held at once however long the file.
+WINDOW_BATCH = 8
+
+
+def _batches(items: Iterator, n: int) -> Iterator[list]:
+    """``items`` in lists of ``n`` (the last one shorter)."""
+    batch: list = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 @dataclass
 class SpeechBundle:
     """A speech recogniser: audio in, text out.
@@ -329,6 +346,9 @@ class SpeechBundle:
                    max_new_tokens: int = 224, compile: bool = False) -> str:  # fmt: skip
         """The text spoken in ``audio``, window by window (30 s each), joined by spaces.
 
+        A file is read :data:`WINDOW_BATCH` windows at a time (:func:`~qkv.pretrained.audio.
+        audio_windows`), so hours of audio take the memory of a few minutes.
+
         Args:
             audio: a path (WAV/FLAC/OGG, any sample rate) or 1-D float samples at 16 kHz.
             beam_size: None (greedy) or the number of beams.
@@ -340,18 +360,22 @@ class SpeechBundle:
             TypeError, ValueError: audio that is neither a path nor a 1-D float array.
             BadFileError, MissingFileError: an audio file that cannot be read.
         """
-        rows = self.tokens(self.features(audio), beam_size=beam_size, alpha=alpha,
-                           max_new_tokens=max_new_tokens, compile=compile)  # fmt: skip
-        return " ".join(t for t in (self.text(r) for r in rows) if t)
+        texts = []
+        for windows in _batches(audio_mod.audio_windows(audio), WINDOW_BATCH):
+            features = audio_mod.log_mel(windows, self.config.n_mels)  # (W, n_mels, F)
+            rows = self.tokens(features, beam_size=beam_size, alpha=alpha,
+                               max_new_tokens=max_new_tokens, compile=compile)  # fmt: skip
+            texts += [t for t in (self.text(r) for r in rows) if t]
+        return " ".join(texts)
 
     @torch.no_grad()
     def stream(self, audio: object, *, max_new_tokens: int = 224) -> Iterator[str]:
         """Greedy transcription yielded piece by piece as tokens are chosen (same text as
         :meth:`transcribe`)."""
-        features = self.features(audio)
         shown = ""  # everything yielded so far, across windows
-        for w in range(features.shape[0]):
-            memory = self.model.encode(features[w : w + 1].to(self.model.conv1.weight))
+        for window in audio_mod.audio_windows(audio):
+            features = audio_mod.log_mel(window, self.config.n_mels)  # (1, n_mels, F)
+            memory = self.model.encode(features.to(self.model.conv1.weight))
             session = MemorySession(self.model, self.inputs(memory), max_new_tokens)
             base, logits, ids = shown + (" " if shown else ""), session.first(), []
             for _ in range(max_new_tokens):
