@@ -32,7 +32,8 @@ selection of heads, a slice of queries, a slice of keys.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+import sys
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -62,10 +63,14 @@ from qkv.attention.rows import (
 )
 from qkv.checks import checked_before, remember_checked, values_unknown
 
-try:  # torch >= 2.2: causal mask objects (a tensor subclass with no usable storage)
-    from torch.nn.attention.bias import CausalBias, CausalVariant
-except ImportError:  # pragma: no cover - older torch
-    CausalBias = CausalVariant = None
+
+def _causal_bias() -> tuple[type | None, Any]:
+    """torch's ``(CausalBias, CausalVariant)`` (torch >= 2.2: causal mask objects, a tensor
+    subclass with no usable storage), or Nones. Read from ``sys.modules``: a CausalBias can
+    only exist once its module is imported, and importing it here would pull in torch's
+    compiler stack (``torch._dynamo``, 1.8 s) on every ``import qkv``."""
+    module = sys.modules.get("torch.nn.attention.bias")
+    return (getattr(module, "CausalBias", None), getattr(module, "CausalVariant", None))
 
 try:  # a tensor subclass whose values are only meaningful with its own mask
     from torch.masked import MaskedTensor
@@ -148,6 +153,7 @@ def check_attn_mask(
     """
     if not isinstance(mask, Tensor):
         raise AttentionTypeError(f"{name} must be a torch.Tensor or None, got {type(mask)}")
+    CausalBias, _ = _causal_bias()
     if CausalBias is not None and isinstance(mask, CausalBias):
         mask = mask._materialize(mask.device)  # (T, S) bool: the object has no real storage
     if MaskedTensor is not None and isinstance(mask, MaskedTensor):
@@ -267,6 +273,7 @@ def split_causal_bias(
         AttentionArgumentError: combined with ``is_causal`` (torch refuses this too), or built
             for other lengths than the call's ``(T, S)``.
     """
+    CausalBias, CausalVariant = _causal_bias()
     if CausalBias is None or not isinstance(attn_mask, CausalBias):
         return attn_mask, is_causal
     if is_causal is not False and is_causal is not None:

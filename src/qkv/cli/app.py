@@ -7,7 +7,9 @@ Adding a command
    then a paragraph ``[bold]Example:[/bold] qkv <name> ...`` (rich markup; escape a literal
    ``[`` as ``\\[``). Keep the computation in plain functions the command calls, so tests can
    check numbers without parsing output.
-2. Import the module below and add it to :data:`COMMANDS`. Order is the order of ``--help``.
+2. Add its name, module and summary (its help's first paragraph) to :data:`COMMAND_TABLE`;
+   order is the order of ``--help``. Commands load lazily: ``qkv --help`` imports none of
+   them, ``qkv NAME`` only its own module.
 3. Add a test that ``qkv <name> --help`` shows the example and that the command runs, and
    add its hostile arguments to ``tests/cli/test_hostile_cli.py``.
 
@@ -19,47 +21,79 @@ value out of range, a missing argument) as one line too, instead of a framed box
 
 from __future__ import annotations
 
+import functools
+import importlib
+import inspect
 import sys
 from types import ModuleType
 from typing import Annotated, Any
 
+import click
 import typer
 from typer.core import TyperGroup
 
-from qkv.cli import (
-    bench_cmd,
-    chat_cmd,
-    demo,
-    embed_cmd,
-    eval_cmd,
-    explain_cmd,
-    generate_cmd,
-    inspect_cmd,
-    tour,
-    train_cmd,
-    transcribe_cmd,
-    translate_cmd,
-)
 from qkv.cli.common import fail, guard
 
-__all__ = ["COMMANDS", "QkvGroup", "app"]
+__all__ = ["COMMANDS", "COMMAND_TABLE", "QkvGroup", "app", "load_command"]
 
-# Every command module: ``NAME`` (the word typed after ``qkv``) and ``command`` (the function).
-COMMANDS: tuple[ModuleType, ...] = (
-    demo,
-    tour,
-    train_cmd,
-    translate_cmd,
-    eval_cmd,
-    explain_cmd,
-    inspect_cmd,
-    generate_cmd,
-    chat_cmd,
-    embed_cmd,
-    transcribe_cmd,
-    bench_cmd,
+# Every command: the word typed after ``qkv``, its module (``NAME`` and ``command``), and the
+# first paragraph of its help, which ``qkv --help`` lists without importing the module (the
+# modules import torch's training, distributed and compiler stacks: seconds; a test checks
+# these lines against the docstrings). Order is the order of ``--help``.
+COMMAND_TABLE: tuple[tuple[str, str, str], ...] = (
+    ("demo", "qkv.cli.demo", "Train a transformer from scratch to normalise dates, use it, "
+     "and draw its attention."),
+    ("tour", "qkv.cli.tour", "Walk through attention and the transformer on live tensors, "
+     "checking every step."),
+    ("train", "qkv.cli.train_cmd", "Train a transformer from scratch: a synthetic task, a "
+     "file of pairs, or any text."),
+    ("translate", "qkv.cli.translate_cmd", "Translate texts with a trained encoder-decoder "
+     "checkpoint, or a pretrained one with --model; one output per line."),
+    ("eval", "qkv.cli.eval_cmd", "Evaluate a checkpoint: exact match, BLEU, chrF (or loss and "
+     "perplexity for text)."),
+    ("explain", "qkv.cli.explain_cmd", "Say which attention backend runs for a call of this "
+     "shape, and why not the others."),
+    ("inspect", "qkv.cli.inspect_cmd", "Draw a model's attention for one text: PNGs, the last "
+     "token's journey, the viewer."),
+    ("generate", "qkv.cli.generate_cmd", "Generate text from a checkpoint `qkv train` wrote, or "
+     "from a pretrained model."),
+    ("chat", "qkv.cli.chat_cmd", "Chat with a language model; replies stream as they are "
+     "generated."),
+    ("embed", "qkv.cli.embed_cmd", "Embed texts with a sentence encoder and print their "
+     "cosine-similarity table."),
+    ("transcribe", "qkv.cli.transcribe_cmd", "Transcribe speech to text, offline, with Whisper "
+     "on qkv's attention."),
+    ("bench", "qkv.cli.bench_cmd", "Time attention (qkv flash, auto, math and torch's kernel) "
+     "side by side on this machine."),
 )
+_MODULES = {name: module for name, module, _ in COMMAND_TABLE}
+COMMANDS: tuple[ModuleType, ...]  # every command module: imported by __getattr__ on first use
+_SUMMARIES = {name: summary for name, _, summary in COMMAND_TABLE}
 
+
+def __getattr__(name: str) -> Any:
+    """``COMMANDS``: every command module, imported on first use (tests walk them)."""
+    if name == "COMMANDS":
+        return tuple(importlib.import_module(m) for m in _MODULES.values())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def summary(module: ModuleType) -> str:
+    """The first paragraph of a command's help, on one line (what :data:`COMMAND_TABLE`
+    holds)."""
+    return " ".join(inspect.cleandoc(module.command.__doc__ or "").split("\n\n")[0].split())
+
+
+@functools.cache
+def load_command(name: str) -> click.Command:
+    """The click command ``name``, its module imported now (``qkv NAME ...`` imports only
+    that one command's module)."""
+    module = importlib.import_module(_MODULES[name])
+    one = typer.Typer(rich_markup_mode="rich", add_completion=False,
+                      pretty_exceptions_enable=False,
+                      context_settings={"help_option_names": ["-h", "--help"]})
+    one.command(name=module.NAME)(guard(module.command))
+    return typer.main.get_command(one)
 
 
 class QkvGroup(TyperGroup):
@@ -69,6 +103,25 @@ class QkvGroup(TyperGroup):
     --bogus`` becomes ``error: <that> (see: qkv generate --help)`` on stderr, exit status 2
     (click's status for usage errors). ``qkv`` alone still prints the help.
     """
+
+    listing = False  # while the group's own help is formatted: no command module imported
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(_MODULES)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in _MODULES:
+            return None
+        if self.listing:  # `qkv --help` lists each command's summary line, nothing more
+            return click.Command(cmd_name, help=_SUMMARIES[cmd_name])
+        return load_command(cmd_name)
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self.listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self.listing = False
 
     def main(self, args: Any = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,
@@ -126,6 +179,3 @@ def _main(
     [bold]Example:[/bold] qkv tour
     """
 
-
-for _module in COMMANDS:
-    app.command(name=_module.NAME)(guard(_module.command))

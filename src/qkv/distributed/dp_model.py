@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,14 +27,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel
+
+# torch.distributed.fsdp and .checkpoint are imported where used: they pull in DTensor and
+# torch.fx's symbolic shapes (2 s), which `qkv train --help` and single-process runs never need.
 
 __all__ = [
     "broadcast_module",
@@ -87,6 +84,8 @@ def shard_fsdp(module: nn.Module) -> nn.Module:
     module's class is FSDP's subclass of its own and its parameters are ``DTensor`` shards;
     build the optimizer over them after this call.
     """
+    from torch.distributed.fsdp import fully_shard
+
     broadcast_module(module)
     for unit in _units(module):
         fully_shard(unit)
@@ -95,8 +94,10 @@ def shard_fsdp(module: nn.Module) -> nn.Module:
 
 
 def is_fsdp(model: nn.Module) -> bool:
-    """Whether ``model`` is sharded by :func:`shard_fsdp`."""
-    return isinstance(model, FSDPModule)
+    """Whether ``model`` is sharded by :func:`shard_fsdp` (only possible once FSDP's module
+    is imported, so nothing is imported to answer)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -116,7 +117,7 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
     elif isinstance(model, DistributedDataParallel):
         with model.no_sync():
             yield
-    elif isinstance(model, FSDPModule):
+    elif is_fsdp(model):
         model.set_requires_gradient_sync(False)
         try:
             yield
@@ -133,12 +134,16 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """
     if not is_fsdp(model):
         return unwrap(model).state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The whole optimizer state of a sharded ``model``, keyed by parameter name, on rank 0
     (CPU tensors); ``{}`` on the other ranks. Collective: every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_optimizer_state_dict(model, optimizer, options=options)
 
@@ -149,6 +154,8 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer,
     of ``optimizer``, a fresh optimizer over the sharded ``model``. Collective."""
     for p in model.parameters():
         p.grad = None  # torch sizes the shards from a state it makes with zero gradients
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
     options = StateDictOptions(full_state_dict=True)
     set_optimizer_state_dict(model, optimizer, state, options=options)
 
