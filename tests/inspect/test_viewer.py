@@ -107,11 +107,20 @@ def test_view_of_a_model_equals_view_of_its_capture(seq2seq_view):
 
 
 def test_fragments_are_independent_and_show_in_jupyter(seq2seq_view):
+    import html as html_mod
+
     _, v, _, _ = seq2seq_view
-    a, b = v._repr_html_(), v.fragment()
+    a, b = v.fragment(), v.fragment()
     ids = [re.search(r'id="(qkv-view-[0-9a-f]+)"', f).group(1) for f in (a, b)]
     assert ids[0] != ids[1] and all(i in f for i, f in zip(ids, (a, b), strict=True))
     assert a.startswith('<div class="qkv-viewer"') and "<html" not in a
+    # Jupyter: a sandboxed frame holding the whole page (scripts run inside, nothing else)
+    frame = v._repr_html_()
+    doc = re.fullmatch(r'<iframe class="qkv-frame" sandbox="allow-scripts" srcdoc="([^"]*)".*'
+                       r"</iframe>", frame, flags=re.S)
+    assert doc is not None, frame[:200]
+    page = html_mod.unescape(doc.group(1))
+    assert page.startswith("<!DOCTYPE html>") and page_data(page) == page_data(v.html())
     assert "View(encoder self-attention (2 layers)" in repr(v)
 
 

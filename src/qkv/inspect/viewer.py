@@ -97,7 +97,8 @@ SCRIPTS = ("viewer.js", "timeline.js", "neuron.js")
 
 
 class View:
-    """A rendered viewer: :meth:`save` writes the HTML file, Jupyter shows it inline.
+    """A rendered viewer: :meth:`save` writes the HTML file, Jupyter shows it inline
+    (:meth:`notebook_html`), :meth:`fragment` embeds it in a page of your own.
 
     Attributes:
         data: the page's JSON data (token labels and compressed layers).
@@ -136,8 +137,21 @@ class View:
         self.path = atomic_write(path, self.html())
         return self.path
 
+    def notebook_html(self, height: int = 640) -> str:
+        """The viewer as notebooks show it: an ``iframe`` whose ``srcdoc`` is the whole page
+        (:meth:`html`), scripts allowed inside its sandbox and nothing else. Jupyter
+        Notebook, JupyterLab, VS Code and an nbconvert export all isolate or sanitise output
+        HTML differently; a sandboxed ``srcdoc`` frame runs the viewer's script the same way
+        in each (the form plotly's and folium's notebook renderers use), and two views in one
+        notebook cannot touch each other."""
+        return (
+            f'<iframe class="qkv-frame" sandbox="allow-scripts" srcdoc="{html.escape(self.html())}"'
+            f' style="width: 100%; height: {int(height)}px; border: 0;"'
+            ' title="qkv attention viewer"></iframe>'
+        )
+
     def _repr_html_(self) -> str:
-        return self.fragment()
+        return self.notebook_html()
 
     def __repr__(self) -> str:
         parts = [f"{g['title']} ({len(g['layers'])} layers)" for g in self.data["groups"]]
