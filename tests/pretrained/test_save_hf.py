@@ -130,6 +130,9 @@ def test_refusals_name_the_option(tmp_path):
         save_hf(_model("gpt2"), tmp_path / "g")
     save_hf(_model("llama gqa"), tmp_path / "g", overwrite=True)
     assert json.loads((tmp_path / "g" / "config.json").read_text())["model_type"] == "llama"
+    (tmp_path / "empty").mkdir()  # issue 27: an existing empty folder was refused
+    save_hf(_model("gpt2"), tmp_path / "empty")
+    assert (tmp_path / "empty" / "config.json").is_file()
 
 
 def test_invert_entries_checks_coverage_and_ties():

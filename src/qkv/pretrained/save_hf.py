@@ -244,8 +244,9 @@ def save_hf(model_or_bundle: Any, path: str | os.PathLike, *, overwrite: bool = 
         model_or_bundle: a :class:`~qkv.models.DecoderLM` (GPT-2 style: learned positions;
             Llama style: rotary positions), an :class:`~qkv.models.Encoder` (BERT style), or a
             :class:`DecoderBundle` / :class:`EncoderBundle` (its tokenizer is written too).
-        path: the folder to create.
-        overwrite: replace an existing folder (atomically); otherwise it is refused.
+        path: the folder to create (an existing empty folder is filled).
+        overwrite: replace an existing folder that holds files (atomically); otherwise it
+            is refused.
 
     Returns:
         The folder: ``config.json``, ``model.safetensors`` (tensors under the family's names,
@@ -257,7 +258,7 @@ def save_hf(model_or_bundle: Any, path: str | os.PathLike, *, overwrite: bool = 
         TypeError: another kind of model, or a tokenizer with no Hugging Face form (only a
             :class:`~qkv.pretrained.PretrainedTokenizer` has one).
         ValueError: an option the family has no equivalent for (named, see :func:`hf_config`).
-        FileExistsError: ``path`` exists and ``overwrite`` is False, or is a file.
+        FileExistsError: ``path`` holds files and ``overwrite`` is False, or is a file.
         ValueError: an empty ``path``.
         OSError: the folder cannot be written (nothing is left half-written).
     """
@@ -279,8 +280,9 @@ def save_hf(model_or_bundle: Any, path: str | os.PathLike, *, overwrite: bool = 
     if dest.exists() and not dest.is_dir():
         raise FileExistsError(f"{dest} is a file, not a folder; save_hf writes a folder and "
                               "never replaces a file, even with overwrite=True")
-    if dest.exists() and not overwrite:
-        raise FileExistsError(f"{dest} exists; pass overwrite=True to replace it")
+    if dest.exists() and not overwrite and any(dest.iterdir()):
+        raise FileExistsError(f"{dest} exists and is not empty; pass overwrite=True to "
+                              "replace it")
 
     def write(folder: Path) -> None:
         save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
