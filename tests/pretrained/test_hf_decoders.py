@@ -297,3 +297,17 @@ def test_a_half_precision_folder_loads_as_transformers_loads_it_in_float32(tmp_p
     ids = _ids()
     with torch.no_grad():
         assert_close(model(ids), ref(ids).logits, atol=1e-4, name=f"{kind} fp16 folder logits")
+
+
+def test_labels_give_transformers_loss(tmp_path):
+    """``model(ids, labels=labels).loss`` is transformers' number on the same weights, -100
+    positions included (issue 27)."""
+    ref = _reference("qwen2", tmp_path)
+    model = qkv.pretrained.load(tmp_path).model
+    ids = _ids()
+    labels = ids.clone()
+    labels[1, 3:6] = -100
+    with torch.no_grad():
+        ours, theirs = model(ids, labels=labels), ref(ids, labels=labels)
+    assert_close(ours.loss, theirs.loss, atol=1e-5, name="loss")
+    assert_close(ours.logits, theirs.logits, atol=1e-4, name="logits")

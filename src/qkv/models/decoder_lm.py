@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from qkv.attention.mask_builders import combine
 from qkv.models.decoder_config import DecoderLMConfig
+from qkv.models.lm_loss import CausalLMOutput, causal_lm_loss
 from qkv.models.parts import (
     ModelBase,
     add_positions,
@@ -163,8 +164,9 @@ class DecoderLM(ModelBase):
         cache: KVCache | None = None,
         positions: Tensor | None = None,
         document_ids: Tensor | None = None,
-    ) -> Tensor:
-        """Next-token logits for every position.
+        labels: Tensor | None = None,
+    ) -> Tensor | CausalLMOutput:
+        """Next-token logits for every position (and, given ``labels``, the loss).
 
         Args:
             input_ids: ``(B, T)`` integer token ids in ``[0, V)``.
@@ -181,9 +183,14 @@ class DecoderLM(ModelBase):
                 of a row; see :func:`qkv.data.packing.pack_documents`): a position attends
                 only to earlier positions of its own document. Not with ``cache`` or
                 ``attention_mask`` (padding in a packed row is a document of its own).
+            labels: ``(B, T)`` token ids, as transformers takes them (usually ``input_ids``
+                itself; ``-100`` leaves a position out): the output is then a
+                :class:`~qkv.models.lm_loss.CausalLMOutput` with ``.loss`` (the mean
+                next-token cross-entropy, :func:`~qkv.models.lm_loss.causal_lm_loss`) and
+                ``.logits``.
 
         Returns:
-            ``(B, T, V)`` logits.
+            ``(B, T, V)`` logits; with ``labels``, ``CausalLMOutput(loss, logits)``.
 
         Raises:
             TypeError: non-integer ids, positions or document ids, a cache that is not a
@@ -193,6 +200,14 @@ class DecoderLM(ModelBase):
                 shape, a cache with another layer count, ``document_ids`` with a cache or an
                 attention mask.
         """
+        logits = self._logits(input_ids, attention_mask, cache, positions, document_ids)
+        return logits if labels is None else CausalLMOutput(causal_lm_loss(logits, labels),
+                                                            logits)
+
+    def _logits(self, input_ids: Tensor, attention_mask: Tensor | None,
+                cache: KVCache | None, positions: Tensor | None,
+                document_ids: Tensor | None) -> Tensor:  # fmt: skip
+        """:meth:`forward`'s logits ``(B, T, V)``."""
         c = self.config
         B, T = check_ids("input_ids", input_ids, c.vocab_size).shape
         cache = check_cache(cache, c.num_layers)
