@@ -197,6 +197,35 @@ def test_time_axis_labels_the_keys_in_seconds():
     assert plain["tokens"]["source"][:2] == ["0", "1"] and plain["axes"]["source"]["kind"] == "tokens"
 
 
+def test_a_time_bin_groups_frames_so_the_audio_fits_one_screen():
+    """Issue 27: the Whisper viewer listed 1,500 frames one per row. time_bin=0.5 groups 25
+    frames a row: 60 rows for 30 s, each key row the sum of its frames' weights (rows still
+    sum to 1), and the model path gives what the captured path gives."""
+    cap = whisper_like_capture()
+    v = qi.view(cap, None, key_axis="time", frame_seconds=0.02, time_bin=0.5)
+    data = page_data(v.html())
+    src = data["tokens"]["source"]
+    assert len(src) == 60 and src[:2] == ["0.00 s", "0.50 s"] and src[-1] == "29.50 s"
+    assert data["axes"]["source"] == {"kind": "time", "seconds": 0.5, "unit": "s", "frames": 25}
+    cross = data["groups"][1]["layers"][0]
+    assert (cross["T"], cross["S"]) == (5, 60)
+    w = cap.weights["decoder_blocks.0.cross_attn"][0]  # (H, T, 1500)
+    idx, _ = arrays(cross)
+    assert np.array_equal(idx[..., 0], w.unflatten(-1, (60, 25)).sum(-1).argmax(-1).numpy())
+    model, run = build("seq2seq")  # the encoder's side as a "time" axis, both paths
+    with qi.capture(model) as cap2, torch.no_grad():
+        run()
+    kw = dict(key_axis="time", frame_seconds=0.02, time_bin=0.06, neuron=False)  # 3 frames
+    a = qi.view(cap2, None, **kw).data
+    b = qi.view(model, None, input_ids=run.args[0], target=run.args[1], block_rows=4, **kw).data
+    S = run.args[0].shape[1]
+    assert a["tokens"]["source"] == b["tokens"]["source"]
+    assert len(a["tokens"]["source"]) == -(-S // 3)  # 3 frames a row
+    for ga, gb in zip(a["groups"], b["groups"], strict=True):
+        for la, lb in zip(ga["layers"], gb["layers"], strict=True):
+            assert (la["T"], la["S"], la["idx"]) == (lb["T"], lb["S"], lb["idx"]), la["name"]
+
+
 def test_time_axis_errors():
     cap = whisper_like_capture(frames=20)
     with pytest.raises(ValueError, match="key_axis must be 'tokens' or 'time', got 'frames'"):
@@ -205,8 +234,10 @@ def test_time_axis_errors():
         qi.view(cap, None, key_axis="time")
     with pytest.raises(ValueError, match=r"needs frame_seconds.*got -1"):
         qi.view(cap, None, key_axis="time", frame_seconds=-1)
-    with pytest.raises(ValueError, match="frame_seconds is only for key_axis='time'"):
+    with pytest.raises(ValueError, match="frame_seconds and time_bin are only for key_axis"):
         qi.view(cap, None, frame_seconds=0.02)
+    with pytest.raises(ValueError, match=r"time_bin must be a number of seconds from"):
+        qi.view(cap, None, key_axis="time", frame_seconds=0.02, time_bin=0.001)
     with pytest.raises(ValueError, match="give tokens=None"):
         qi.view(cap, ["a"] * 20, key_axis="time", frame_seconds=0.02)
 

@@ -49,7 +49,7 @@ from qkv.inspect.hookpoints import attention_layers, match_names
 from qkv.inspect.labels import readable_tokens
 from qkv.inspect.neuron import NeuronPages
 from qkv.inspect.timeline import Generation
-from qkv.inspect.viewer_data import LayerSummary, choose_top_k, time_labels
+from qkv.inspect.viewer_data import LayerSummary, choose_top_k, time_bins, time_labels
 from qkv.inspect.weights import check_heads, weight_blocks
 
 __all__ = ["View", "script_json", "view"]
@@ -176,8 +176,16 @@ def _group_title(pattern: str, kind: str) -> str:
     return f"{side}{kind}-attention"
 
 
+def _bins(axis: dict[str, Any] | None, name: str, kind: str) -> tuple[int, int]:
+    """Frames grouped per row of a layer's query and key sides (1: one row per position)."""
+    b = 1 if axis is None else axis.get("frames", 1)
+    return (b if query_side(name) == "source" else 1,
+            b if key_side(name, kind) == "source" else 1)
+
+
 def _summaries_from_captured(cap: Captured, layers: Any, batch: int, top_k: int, block_rows: int,
-                             pages: NeuronPages | None) -> list[LayerSummary]:  # fmt: skip
+                             pages: NeuronPages | None,
+                             axis: dict[str, Any] | None = None) -> list[LayerSummary]:  # fmt: skip
     """Summaries of the captured layers; their first call's inputs go to the neuron view
     when the capture kept them (``keep_inputs=True``)."""
     names = match_names(cap.layers, layers, "layers", allow_int=True)
@@ -185,7 +193,7 @@ def _summaries_from_captured(cap: Captured, layers: Any, batch: int, top_k: int,
     pairs = sum(weights[n].shape[1] * weights[n].shape[2] for n in names)
     out = []
     for name in names:
-        w = weights[name][batch]  # (H', T, S)
+        w = time_bins(weights[name][batch], *_bins(axis, name, cap.kinds[name]))  # (H', T, S)
         T, S = w.shape[1:]
         s = LayerSummary(name, cap.kinds[name], cap.heads[name], T, S,
                          k=choose_top_k(top_k, S, pairs))  # fmt: skip
@@ -202,7 +210,8 @@ def _summaries_from_captured(cap: Captured, layers: Any, batch: int, top_k: int,
 @torch.no_grad()
 def _summaries_from_model(model: nn.Module, ids: Any, target: Any, kwargs: Any, layers: Any,
                           heads: Any, batch: int, top_k: int, block_rows: int,
-                          pages: NeuronPages | None) -> list[LayerSummary]:  # fmt: skip
+                          pages: NeuronPages | None,
+                          axis: dict[str, Any] | None = None) -> list[LayerSummary]:  # fmt: skip
     found = attention_layers(model)
     names = match_names(list(found), layers, "layers", allow_int=True)
     summaries: dict[str, LayerSummary] = {}
@@ -211,12 +220,14 @@ def _summaries_from_model(model: nn.Module, ids: Any, target: Any, kwargs: Any, 
     def on_call(name: str, inputs) -> None:
         if name in summaries:
             raise ValueError(f"{name} ran twice in one forward pass; capture() it instead")
-        T, S = inputs.query.shape[2], inputs.key.shape[2]
         kind = "cross" if inputs.cross else "causal self" if inputs.is_causal else "self"
+        bq, bk = _bins(axis, name, kind)
+        T, S = -(-inputs.query.shape[2] // bq), -(-inputs.key.shape[2] // bk)  # rows shown
         pairs = T * len(head_lists[name]) * len(names)  # the page's query × head pairs
         s = LayerSummary(name, kind, head_lists[name], T, S, k=choose_top_k(top_k, S, pairs))
-        for i0, block in weight_blocks(inputs, head_lists[name], block_rows=block_rows):
-            s.add(i0, block[batch])  # (H', n, S)
+        rows = -(-block_rows // bq) * bq  # whole groups of frames in each block
+        for i0, block in weight_blocks(inputs, head_lists[name], block_rows=rows):
+            s.add(i0 // bq, time_bins(block[batch], bq, bk))  # (H', n, S)
         summaries[name] = s
         if pages is not None:
             pages.add(name, inputs, head_lists[name], batch)
@@ -249,6 +260,7 @@ def view(
     neuron: bool = True,
     key_axis: str = "tokens",
     frame_seconds: float | None = None,
+    time_bin: float | None = None,
     readable: bool = True,
 ) -> View:
     """Build the viewer for a model run or for weights already captured, and save it.
@@ -281,6 +293,10 @@ def view(
             cross-attention; both sides of an encoder's self-attention) is a time axis,
             position ``i`` labelled ``i · frame_seconds`` (``"0.02 s"``); ``tokens`` must
             then be None.
+        time_bin: with ``key_axis="time"``, seconds per row of the time side: frames are
+            grouped (a key's weights summed, a query's averaged) so long audio fits one
+            screen (``qkv inspect`` on Whisper: 0.5 s, 60 rows for a 30 s window instead of
+            1,500). None: one row per frame.
         frame_seconds: seconds per source position (with ``key_axis="time"``; Whisper's
             encoder: 0.02).
         readable: show token labels through :func:`qkv.inspect.labels.readable_tokens`
@@ -300,14 +316,15 @@ def view(
         raise ValueError(f"batch must be an int >= 0, got {batch!r}")
     if isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1:
         raise ValueError(f"block_rows must be a positive int, got {block_rows!r}")
-    axis = _axis(key_axis, frame_seconds, tokens)
+    axis = _axis(key_axis, frame_seconds, tokens, time_bin)
     pages = NeuronPages() if neuron else None
     if isinstance(source, Generation):
         if timeline is not None:
             raise ValueError("give the Generation either as source or as timeline=, not both")
         summaries, timeline = [], source
     elif isinstance(source, Captured):
-        summaries = _summaries_from_captured(source, layers, batch, top_k, block_rows, pages)
+        summaries = _summaries_from_captured(source, layers, batch, top_k, block_rows, pages,
+                                             axis)
     elif isinstance(source, nn.Module):
         if input_ids is None and isinstance(tokens, Tensor):
             input_ids, tokens = tokens, tokens[batch] if tokens.dim() == 2 else tokens
@@ -318,7 +335,8 @@ def view(
         if target is not None and target_tokens is None:
             target_tokens = target[batch]
         summaries = _summaries_from_model(source, input_ids, target, model_kwargs, layers,
-                                          heads, batch, top_k, block_rows, pages)  # fmt: skip
+                                          heads, batch, top_k, block_rows, pages,
+                                          axis)  # fmt: skip
     else:
         raise TypeError("source must be a model, a Captured or a Generation, got "
                         f"{type(source).__name__}")  # fmt: skip
@@ -342,11 +360,13 @@ def view(
     return v
 
 
-def _axis(key_axis: Any, frame_seconds: Any, tokens: Any) -> dict[str, Any] | None:
-    """The source side's axis for the page: None (tokens) or ``{"kind": "time", ...}``."""
+def _axis(key_axis: Any, frame_seconds: Any, tokens: Any,
+          time_bin: Any = None) -> dict[str, Any] | None:  # fmt: skip
+    """The source side's axis for the page: None (tokens) or ``{"kind": "time", "seconds"
+    per row, "unit", and "frames" per row when grouped}``."""
     if key_axis == "tokens":
-        if frame_seconds is not None:
-            raise ValueError("frame_seconds is only for key_axis='time'")
+        if frame_seconds is not None or time_bin is not None:
+            raise ValueError("frame_seconds and time_bin are only for key_axis='time'")
         return None
     if key_axis != "time":
         raise ValueError(f"key_axis must be 'tokens' or 'time', got {key_axis!r}")
@@ -355,7 +375,14 @@ def _axis(key_axis: Any, frame_seconds: Any, tokens: Any) -> dict[str, Any] | No
                          f"source position), got {frame_seconds!r}")  # fmt: skip
     if tokens is not None:
         raise ValueError("key_axis='time' labels the source side by time: give tokens=None")
-    return {"kind": "time", "seconds": float(frame_seconds), "unit": "s"}
+    if time_bin is None:
+        return {"kind": "time", "seconds": float(frame_seconds), "unit": "s"}
+    if not is_number(time_bin) or not time_bin >= frame_seconds or time_bin > 3600:
+        raise ValueError(f"time_bin must be a number of seconds from frame_seconds="
+                         f"{frame_seconds} to 3600, got {time_bin!r}")
+    frames = round(time_bin / frame_seconds)
+    return {"kind": "time", "seconds": frames * float(frame_seconds), "unit": "s",
+            "frames": frames}
 
 
 def _page_data(summaries: list[LayerSummary], source: list[str] | None,

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from qkv.inspect.pool import Pooler
@@ -136,3 +137,18 @@ class LayerSummary:
             "thumb": self._picture(self.thumb), "detail": self._picture(self.detail),
             "focus": self.focus(),
         }  # fmt: skip
+
+
+def time_bins(block: Tensor, bq: int, bk: int) -> Tensor:
+    """``block (H', n, S)`` with keys grouped ``bk`` at a time (summed: each row still sums
+    to 1) and rows ``bq`` at a time (averaged): ``(H', ceil(n / bq), ceil(S / bk))``. How a
+    time axis of many frames (Whisper: 1,500 for 30 s) fits one screen."""
+    n, S = block.shape[1:]
+    if bk > 1:
+        block = F.pad(block, (0, -S % bk)).unflatten(-1, (-1, bk)).sum(-1)  # (H', n, S')
+    if bq > 1:
+        groups = F.pad(block, (0, 0, 0, -n % bq)).unflatten(1, (-1, bq)).sum(2)  # (H', n', S')
+        counts = torch.full((groups.shape[1],), float(bq), dtype=block.dtype)
+        counts[-1] = n - (groups.shape[1] - 1) * bq  # the last group may be short
+        block = groups / counts[None, :, None]
+    return block
