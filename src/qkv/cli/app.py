@@ -30,9 +30,9 @@ from typing import Annotated, Any
 
 import click
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
-from qkv.cli.common import fail, guard
+from qkv.cli.common import FLAG, fail, guard, usage_hint
 
 __all__ = ["COMMANDS", "COMMAND_TABLE", "QkvGroup", "app", "load_command"]
 
@@ -92,8 +92,22 @@ def load_command(name: str) -> click.Command:
     one = typer.Typer(rich_markup_mode="rich", add_completion=False,
                       pretty_exceptions_enable=False,
                       context_settings={"help_option_names": ["-h", "--help"]})
-    one.command(name=module.NAME)(guard(module.command))
+    one.command(name=module.NAME, cls=QkvCommand)(guard(module.command))
     return typer.main.get_command(one)
+
+
+def _flag_help(option: click.Option | None) -> click.Option | None:
+    """``--help`` shown as the flag it is (typer would print a ``<bool>`` type beside it)."""
+    if option is not None:
+        option.metavar = FLAG
+    return option
+
+
+class QkvCommand(TyperCommand):
+    """A command whose ``--help`` shows no type (it is a flag)."""
+
+    def get_help_option(self, ctx: click.Context) -> click.Option | None:
+        return _flag_help(super().get_help_option(ctx))
 
 
 class QkvGroup(TyperGroup):
@@ -105,6 +119,9 @@ class QkvGroup(TyperGroup):
     """
 
     listing = False  # while the group's own help is formatted: no command module imported
+
+    def get_help_option(self, ctx: click.Context) -> click.Option | None:
+        return _flag_help(super().get_help_option(ctx))
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(_MODULES)
@@ -138,7 +155,8 @@ class QkvGroup(TyperGroup):
                 sys.exit(err.exit_code)
             ctx = getattr(err, "ctx", None)
             hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
-            fail(err.format_message() + hint)
+            words = list(sys.argv[1:] if args is None else args)
+            fail(err.format_message() + usage_hint(err, words) + hint)
             sys.exit(err.exit_code)
         except typer.Abort:
             fail("aborted")
@@ -171,7 +189,8 @@ def _version(value: bool) -> None:
 @app.callback()
 def _main(
     show_version: Annotated[bool, typer.Option(
-        "--version", callback=_version, is_eager=True, help="Print qkv's version and exit.",
+        "--version", callback=_version, is_eager=True, metavar=FLAG,
+        help="Print qkv's version and exit.",
     )] = False,
 ) -> None:
     """qkv: attention and the transformer, end to end, exact, fast and visible.

@@ -18,7 +18,7 @@ import torch
 import typer
 from rich.console import Console
 
-from qkv.cli.common import fail
+from qkv.cli.common import FLAG, fail
 
 __all__ = ["command", "parse_dtypes", "parse_ints"]
 
@@ -53,7 +53,8 @@ def parse_dtypes(text: str) -> tuple[str, ...]:
 
 def command(
     quick: Annotated[
-        bool, typer.Option("--quick", help="Tiny sizes: checks the suite in under a minute "
+        bool, typer.Option("--quick", metavar=FLAG,
+                           help="Tiny sizes: checks the suite in under a minute "
                            "(not graded against the targets).")
     ] = False,
     lengths: Annotated[
@@ -80,18 +81,21 @@ def command(
         Path | None, typer.Option("--out", help="Save the JSON and the PNG plot in this "
                                   "folder (default: print only, write nothing).")
     ] = None,
-    no_memory: Annotated[
-        bool, typer.Option("--no-memory", help="Skip the peak-memory subprocesses.")
-    ] = False,
+    memory: Annotated[
+        bool, typer.Option("--memory/--no-memory", metavar=FLAG, help="Measure each "
+                           "configuration's peak memory in a fresh subprocess, or skip it.")
+    ] = True,
     huge: Annotated[
-        bool, typer.Option("--huge", help="Also flash forward+backward at T = 65536.")
+        bool, typer.Option("--huge", metavar=FLAG, help="Also flash forward+backward at T = 65536.")
     ] = False,
     load: Annotated[
-        bool, typer.Option("--load", help="Run one busy process beside the measurement (the "
+        bool, typer.Option("--load", metavar=FLAG,
+                           help="Run one busy process beside the measurement (the "
                            "load of a browser or a data loader): compare with a quiet run.")
     ] = False,
     pretrained: Annotated[
-        bool, typer.Option("--pretrained", help="Also time the pretrained models against "
+        bool, typer.Option("--pretrained", metavar=FLAG,
+                           help="Also time the pretrained models against "
                            "their reference libraries: SmolLM2 greedy (eager, compiled, int8) "
                            "vs transformers, MiniLM vs sentence-transformers, decode time in "
                            "context (needs the dev extra; minutes).")
@@ -119,7 +123,7 @@ def command(
 
     try:
         config = suite.QUICK if quick else suite.BenchConfig()
-        changes: dict = {"memory": not no_memory, "huge": huge,
+        changes: dict = {"memory": memory, "huge": huge,
                          "threads": threads if threads is not None else torch.get_num_threads()}
         if lengths is not None:
             changes["lengths"] = parse_ints(lengths, "--lengths")

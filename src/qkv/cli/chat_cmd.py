@@ -24,7 +24,7 @@ from typing import Annotated, Any, TextIO
 import typer
 from rich.console import Console
 
-from qkv.cli.common import Seed, Temperature, TopK, TopP, status
+from qkv.cli.common import LM_NEW_TOKENS, Seed, Temperature, TopK, TopP, status
 
 __all__ = ["Conversation", "command", "run_chat"]
 
@@ -167,8 +167,9 @@ def command(
         help="System prompt \\[default: the chat template's own].",
     )] = None,
     max_new_tokens: Annotated[int, typer.Option(
-        "--max-new-tokens", "-n", min=1, help="Most tokens per reply.",
-    )] = 256,
+        "--max-new-tokens", "-n", min=1, help="Most tokens per reply (as qkv generate's "
+        "language models; EOS ends a reply earlier).",
+    )] = LM_NEW_TOKENS,
     temperature: Temperature = 0.0,
     top_k: TopK = None,
     top_p: TopP = None,

@@ -12,7 +12,14 @@ another command module.
 * :func:`status`: a spinner whose text may echo user input (rich markup escaped).
 * :class:`DTypeName`: the ``--dtype`` choices.
 * ``Temperature``, ``TopK``, ``TopP``, ``Seed``: the decoding options of ``qkv generate`` and
-  ``qkv chat``.
+  ``qkv chat``; ``BeamSize`` and its hidden alias ``BeamAlias`` (``--beam``), merged by
+  :func:`beam_of`, on every command that decodes (``eval``, ``generate``, ``translate``,
+  ``transcribe``).
+* ``FLAG``: the metavar of every yes/no option (``metavar=FLAG``): no ``<bool>`` type column
+  in ``--help``; a yes/no option is a plain flag (``--json``) or a pair (``--causal/--no-causal``).
+* The default output lengths, one per kind of task (``--max-new-tokens``):
+  :data:`LM_NEW_TOKENS`, :data:`TRANSLATION_NEW_TOKENS`, :data:`SPEECH_NEW_TOKENS`.
+* :func:`warn`: one line ``warning: ...`` (or a hint) on stderr; :func:`blank_output_hint`.
 * :func:`human_bytes`, :func:`metrics_line`: how sizes and metrics are printed.
 
 Every message that echoes user input (a model name, a path, a prompt) is printed with its
@@ -22,8 +29,9 @@ rich markup escaped (or with ``markup=False``), so ``no[/such]model`` prints as 
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -34,12 +42,20 @@ from rich.errors import MarkupError
 from rich.markup import escape
 
 __all__ = [
+    "FLAG",
+    "LM_NEW_TOKENS",
     "SHARED_CHECKS",
+    "SPEECH_NEW_TOKENS",
+    "TRANSLATION_NEW_TOKENS",
+    "BeamAlias",
+    "BeamSize",
     "DTypeName",
     "Seed",
     "Temperature",
     "TopK",
     "TopP",
+    "beam_of",
+    "blank_output_hint",
     "check_device",
     "check_out_folder",
     "expected_errors",
@@ -48,7 +64,24 @@ __all__ = [
     "human_bytes",
     "metrics_line",
     "status",
+    "usage_hint",
+    "warn",
 ]
+
+# The metavar of a yes/no option: typer would show "<bool>" in --help, which reads as if the
+# option took a value (``--causal true``); a flag takes none.
+FLAG = ""
+
+# The default of --max-new-tokens, one per kind of task (docs/cli.md, "Output lengths"):
+# language-model generation (generate, chat): at most this many new tokens, fewer when the
+# prompt leaves less room within the model's max_len; EOS stops earlier.
+LM_NEW_TOKENS = 256
+# translation (translate, generate with an encoder-decoder, eval, demo): relative to the
+# source, 2 x its tokens + 10 (the longest source of a batch), within the model's max_len;
+# the library's own default (qkv.generate.translate, Seq2SeqBundle.translate).
+TRANSLATION_NEW_TOKENS = "2 x the source's tokens + 10"
+# speech (transcribe): Whisper's 224 tokens per 30 s window (half its 448 positions).
+SPEECH_NEW_TOKENS = 224
 
 
 def fail(err: BaseException | str | object) -> typer.Exit:
@@ -63,6 +96,66 @@ def fail(err: BaseException | str | object) -> typer.Exit:
         f"[red]error:[/red] {escape(message)}", markup=True
     )
     return typer.Exit(2)
+
+
+def warn(message: str, *, prefix: str = "warning: ") -> None:
+    """Print ``<prefix><message>`` as one line on stderr (the message printed as text)."""
+    line = " ".join(message.split())
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
+        f"[yellow]{escape(prefix)}[/yellow]{escape(line)}" if prefix else escape(line)
+    )
+
+
+def blank_output_hint(texts: Sequence[str], *, skip: Collection[int] = (),
+                      sampling: bool = False, trained_here: bool = True) -> str | None:
+    """The one-line hint for generated or translated ``texts`` that are empty or only
+    whitespace (greedy decoding of an undertrained model often gives spaces), or None.
+
+    Args:
+        texts: the outputs.
+        skip: indices left out (an empty input gives an empty output on purpose).
+        sampling: the outputs were sampled (the hint then does not suggest sampling).
+        trained_here: a checkpoint ``qkv train`` wrote (the hint suggests more --steps), or
+            False for a pretrained model.
+    """
+    blank = [i for i, t in enumerate(texts) if i not in skip and not t.strip()]
+    if not blank:
+        return None
+    which = ("the output is" if len(texts) == 1
+             else f"{len(blank)} of {len(texts)} outputs are")  # fmt: skip
+    if trained_here:
+        tries = "more --steps" + ("" if sampling else " or sampling (--temperature 0.8)")
+        return f"({which} blank: the model may be undertrained; try {tries})"
+    tries = "another --seed" if sampling else "sampling (--temperature 0.8)"
+    return f"({which} blank; try another prompt or {tries})"
+
+
+# Words a user may type after a flag as if it took a value (``--causal true``).
+_FLAG_VALUES = frozenset({"true", "false", "yes", "no", "on", "off", "1", "0"})
+
+
+def usage_hint(err: BaseException, args: Sequence[str]) -> str:
+    """What to add to click's usage error ``err`` for the command line ``args``, or "".
+
+    ``qkv explain --causal true``: click says ``Got unexpected extra argument (true)``; the
+    hint says ``--causal is a flag and takes no value: write --causal or --no-causal``.
+    (For :class:`qkv.cli.app.QkvGroup`, which prints click's errors as one line.)
+    """
+    ctx = getattr(err, "ctx", None)
+    command = getattr(ctx, "command", None)
+    message = err.format_message() if hasattr(err, "format_message") else str(err)
+    if command is None or "unexpected extra argument" not in message:
+        return ""
+    args = [str(a) for a in args]
+    for before, word in itertools.pairwise(args):
+        if word.lower() not in _FLAG_VALUES:
+            continue
+        for param in command.params:
+            names = [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]
+            if getattr(param, "is_flag", False) and before in names:
+                longs = [n for n in names if n.startswith("--")] or names
+                return f"; {before} is a flag and takes no value: write {' or '.join(longs)}"
+    return ""
 
 
 def status(console: Console, text: str):
@@ -209,6 +302,31 @@ class DTypeName(str, Enum):
         return getattr(torch, self.value)
 
 
+BeamSize = Annotated[int | None, typer.Option(
+    "--beam-size", min=1, show_default=False,
+    help="Beam search with this many beams \\[default: greedy decoding].",
+)]
+# The old name, still accepted (hidden from --help): qkv eval/generate/translate had --beam.
+BeamAlias = Annotated[int | None, typer.Option(
+    "--beam", min=1, hidden=True, show_default=False, help="The old name of --beam-size.",
+)]
+
+
+def beam_of(beam_size: int | None, beam: int | None) -> tuple[int | None, str]:
+    """``(beams, option)``: ``--beam-size``, or its old name ``--beam`` when only that is
+    given, and the option as typed, for messages (``--beam 2``).
+
+    Raises:
+        ValueError: both given, with different values.
+    """
+    if beam is not None and beam_size is not None and beam != beam_size:
+        raise ValueError(f"--beam is the old name of --beam-size; got --beam-size {beam_size} "
+                         f"and --beam {beam}: give one")  # fmt: skip
+    if beam_size is None and beam is not None:
+        return beam, "--beam"
+    return beam_size, "--beam-size"
+
+
 Temperature = Annotated[float, typer.Option(
     "--temperature", "-t", min=0.0, help="0 = greedy; > 0 samples.",
 )]
@@ -231,15 +349,8 @@ def human_bytes(n: int) -> str:
 
 
 def metrics_line(metrics: dict[str, float]) -> str:
-    """``exact match 99.2%  BLEU 98.1  chrF 99.0`` or ``loss 1.234  perplexity 3.43``."""
-    parts = []
-    for key, value in metrics.items():
-        if key == "exact_match":
-            parts.append(f"exact match {value:.1%}")
-        elif key == "token_accuracy":
-            parts.append(f"token accuracy {value:.1%}")
-        elif key in ("bleu", "chrf"):
-            parts.append(f"{'BLEU' if key == 'bleu' else 'chrF'} {value:.1f}")
-        else:
-            parts.append(f"{key} {value:.4g}")
-    return "  ".join(parts)
+    """``exact match 99.2%  BLEU 98.1  chrF 99.0`` or ``loss 1.234  perplexity 3.43``: the
+    metrics in words (:func:`qkv.train.metrics.describe_metrics`), never metric keys."""
+    from qkv.train.metrics import describe_metrics
+
+    return describe_metrics(metrics)

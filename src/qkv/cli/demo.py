@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from qkv.cli.common import FLAG
 from qkv.data import CharTokenizer
 from qkv.data.dates import CASES, DATE_FORMATS
 from qkv.models import Seq2SeqTransformer
@@ -96,7 +97,8 @@ def command(
         "(files of an earlier demo there are replaced).",
     )] = Path("runs/demo"),
     quick: Annotated[bool, typer.Option(
-        "--quick", help="A much smaller budget (320 small steps, ~20 s in all); it shows every "
+        "--quick", metavar=FLAG,
+        help="A much smaller budget (320 small steps, ~20 s in all); it shows every "
         "step but does not reach 99%.",
     )] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seeds the data, weights and order.")] = 0,

@@ -15,9 +15,9 @@ from rich.markup import escape
 from rich.table import Column, Table
 from torch import Tensor
 
-from qkv.cli.common import status
+from qkv.cli.common import FLAG, status
 from qkv.cli.inputs import read_items
-from qkv.cli.outputs import EMBEDDING_FORMATS, print_jsonl, write_embeddings
+from qkv.cli.outputs import check_out_file, print_jsonl, write_embeddings
 
 __all__ = ["command", "print_table", "short"]
 
@@ -73,13 +73,15 @@ def command(
         "--input", "-i", help="A UTF-8 file of texts, one per line ('-': standard input).",
         show_default=False,
     )] = None,
-    out: Annotated[Path | None, typer.Option(
-        "--out", "-o", help="Save the embeddings: .npy (N, E) float32, .jsonl ({text, "
-        "embedding} per line) or .safetensors (tensor 'embeddings', texts in the metadata).",
+    out_file: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Save the embeddings to this new file (its folders are created): "
+        ".npy (N, E) float32, .jsonl ({text, embedding} per line) or .safetensors (tensor "
+        "'embeddings', texts in the metadata).",
         show_default=False,
     )] = None,
     as_json: Annotated[bool, typer.Option(
-        "--json", help="Print one JSON object per text ({\"text\", \"embedding\"}) instead "
+        "--json", metavar=FLAG,
+        help="Print one JSON object per text ({\"text\", \"embedding\"}) instead "
         "of the similarity table.",
     )] = False,
 ) -> None:
@@ -93,9 +95,8 @@ def command(
     from qkv import pretrained
 
     items = read_items(texts, input_file, what="text")
-    if out is not None and out.suffix.lower() not in EMBEDDING_FORMATS:  # before any work
-        raise ValueError(f"--out {out}: unknown extension {out.suffix or '(none)'!r}; expected "
-                         f"one of {', '.join(EMBEDDING_FORMATS)}")  # fmt: skip
+    # before any work (the parameter is not named "out": guard's check is for folders)
+    out = check_out_file(out_file) if out_file is not None else None
     console = Console(highlight=False)
     stderr = Console(stderr=True, highlight=False)
     # Expected failures (ValueError, OSError, ...) become one line in common.guard.

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from qkv.cli.common import BeamAlias, BeamSize, beam_of
 from qkv.train.runs import load_run, seq2seq_parts
 from qkv.train.spec import DataSpec, load_dataset
 
@@ -132,7 +133,8 @@ def command(
     seed: Annotated[int | None, typer.Option(
         "--seed", help="Seed of --task's data (default: the run's, else 0).",
     )] = None,
-    beam: Annotated[int | None, typer.Option("--beam", min=1, help="Beam size.")] = None,
+    beam_size: BeamSize = None,
+    beam: BeamAlias = None,
 ) -> None:
     """Evaluate a checkpoint: exact match, BLEU, chrF (or loss and perplexity for text).
 
@@ -150,6 +152,7 @@ def command(
     # Expected failures (ValueError, OSError, ...) become one line in common.guard.
     from qkv.cli.train_cmd import metrics_text
 
+    beam, _ = beam_of(beam_size, beam)
     if (source_column or target_column) and pairs is None:
         raise ValueError("--source-column/--target-column name the columns of --pairs; give "
                          "--pairs FILE")  # fmt: skip

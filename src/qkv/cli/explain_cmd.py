@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 
 import qkv
-from qkv.cli.common import DTypeName, fail, human_bytes
+from qkv.cli.common import FLAG, DTypeName, fail, human_bytes
 
 __all__ = ["build_inputs", "command"]
 
@@ -53,10 +53,13 @@ def command(
     ] = 8,
     dim: Annotated[int, typer.Option("--dim", help="Head width D.")] = 64,
     batch: Annotated[int, typer.Option("--batch", help="Batch size B.")] = 1,
-    causal: Annotated[bool, typer.Option("--causal", help="Causal masking (is_causal).")] = False,
-    need_weights: Annotated[
-        bool, typer.Option("--need-weights", help="Ask for the (B, H, T, S) weights too.")
-    ] = False,
+    causal: Annotated[bool, typer.Option(
+        "--causal/--no-causal", metavar=FLAG, help="Causal masking (is_causal) or none.",
+    )] = False,
+    need_weights: Annotated[bool, typer.Option(
+        "--need-weights/--no-need-weights", metavar=FLAG,
+        help="Ask for the (B, H, T, S) attention weights too, or only the output.",
+    )] = False,
     dtype: Annotated[DTypeName, typer.Option("--dtype", help="Dtype of the inputs.")] = (
         DTypeName.float32
     ),

@@ -28,7 +28,21 @@ import typer
 from rich.console import Console
 
 from qkv.checkpoint import is_qkv_checkpoint
-from qkv.cli.common import Seed, Temperature, TopK, TopP, status
+from qkv.cli.common import (
+    FLAG,
+    LM_NEW_TOKENS,
+    TRANSLATION_NEW_TOKENS,
+    BeamAlias,
+    BeamSize,
+    Seed,
+    Temperature,
+    TopK,
+    TopP,
+    beam_of,
+    blank_output_hint,
+    status,
+    warn,
+)
 from qkv.cli.inputs import read_items
 from qkv.cli.outputs import print_jsonl
 
@@ -49,7 +63,10 @@ class Quantize(str, Enum):
 
     int8 = "int8"
     int4 = "int4"
-DECODER_DEFAULT_TOKENS = 64  # --max-new-tokens for language models when not given
+
+
+# --max-new-tokens of a language model when not given (room permitting), as in qkv chat
+DECODER_DEFAULT_TOKENS = LM_NEW_TOKENS
 
 
 @dataclass(frozen=True)
@@ -107,20 +124,21 @@ def resolve_source(checkpoint: str | None, model: str | None) -> Source:
 
 def decoding_options(
     temperature: float, top_k: int | None, top_p: float | None, seed: int | None,
-    beam: int | None, compile: bool = False,
+    beam: int | None, compile: bool = False, typed: str = "--beam-size",
 ) -> dict[str, Any]:  # fmt: skip
     """The keyword arguments of :func:`qkv.generate.generate` for these command options.
 
     Raises:
-        ValueError: ``--beam`` together with ``--temperature > 0`` (search or sample: pick one)
-            or with ``--compile``.
+        ValueError: ``--beam-size`` together with ``--temperature > 0`` (search or sample:
+            pick one) or with ``--compile``.
     """
     if beam is not None and temperature > 0:
         raise ValueError(
-            f"--beam {beam} searches and --temperature {temperature} samples: pick one"
+            f"{typed} {beam} searches and --temperature {temperature} samples: pick one"
         )
     if beam is not None and compile:
-        raise ValueError(f"--compile (a static KV cache) does not serve --beam {beam}; drop one")
+        raise ValueError(f"--compile (a static KV cache) does not serve {typed} {beam}; "
+                         "drop one")
     options: dict[str, Any] = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     if compile:
         options["compile"] = True
@@ -138,9 +156,10 @@ def generate_from_checkpoint(
     Args:
         path: a checkpoint folder (see :func:`qkv.checkpoint.load_checkpoint`).
         prompts: ``B`` strings: prompts for a DecoderLM, sources for a Seq2SeqTransformer.
-        max_new_tokens: per prompt; None = 64 for a DecoderLM (fewer when the longest prompt
-            leaves less room within the model's ``max_len``), ``2 * source length + 10`` for
-            a Seq2SeqTransformer (capped by the model's ``max_len``).
+        max_new_tokens: per prompt; None = :data:`~qkv.cli.common.LM_NEW_TOKENS` (256) for a
+            DecoderLM (fewer when the longest prompt leaves less room within the model's
+            ``max_len``), ``2 * source length + 10`` for a Seq2SeqTransformer (capped by the
+            model's ``max_len``).
         add_bos: start a DecoderLM's prompt with BOS (as :func:`qkv.generate.complete`).
         quantize: None, ``"int8"`` or ``"int4"``: weight-only quantised linears
             (:func:`qkv.nn.quantized.quantize_`).
@@ -175,7 +194,11 @@ def generate_from_checkpoint(
         if tok is None:
             raise ValueError(f"{path}: the checkpoint holds no 'text' tokenizer (found "
                              f"{sorted(toks)}), so prompts cannot be encoded")  # fmt: skip
-        # None: complete() generates up to 64 tokens, as many as fit after the longest prompt
+        if max_new_tokens is None:  # the command's default, as many as fit after the prompt
+            from qkv.generate.args import default_new_tokens, length_limit
+
+            longest = max(len(tok.encode(p, add_bos=add_bos)) for p in prompts)
+            max_new_tokens = default_new_tokens(length_limit(model), longest, LM_NEW_TOKENS)
         return complete(model, prompts, tok, max_new_tokens=max_new_tokens, add_bos=add_bos,
                         **options)  # fmt: skip
     raise ValueError(
@@ -193,8 +216,8 @@ def generate_from_bundle(
     Args:
         bundle: a :class:`qkv.pretrained.DecoderBundle`.
         prompts: ``B`` strings, decoded one at a time.
-        max_new_tokens: per prompt; None = 64, or as many as fit after the prompt within the
-            model's ``max_len``.
+        max_new_tokens: per prompt; None = :data:`~qkv.cli.common.LM_NEW_TOKENS` (256), or
+            as many as fit after the prompt within the model's ``max_len``.
         chat: True wraps each prompt as one user message of the chat template, False encodes
             it as is, None = True when the tokenizer has a chat template.
         **options: :func:`decoding_options`' result; ``beam_size`` runs
@@ -219,7 +242,7 @@ def generate_from_bundle(
     out = []
     for prompt in prompts:
         inputs: Any = [{"role": "user", "content": prompt}] if use_chat else prompt
-        ids = bundle.prompt_ids(inputs)
+        ids = bundle.prompt_ids(inputs, chat=use_chat)
         n = max_new_tokens or default_new_tokens(limit, len(ids), DECODER_DEFAULT_TOKENS)
         if beam is None:
             out.append(bundle.generate(ids, n, **options))
@@ -268,33 +291,36 @@ def command(
     )] = None,
     max_new_tokens: Annotated[int | None, typer.Option(
         "--max-new-tokens", "-n", min=1, show_default=False,
-        help="Most tokens generated per prompt \\[default: 64, or what fits in the model's "
-        "max_len after the prompt; translation: 2 x source + 10].",
+        help=f"Most tokens generated per prompt \\[default: {LM_NEW_TOKENS} for a language "
+        f"model, fewer if the prompt leaves less room in its max_len; a translation model: "
+        f"{TRANSLATION_NEW_TOKENS}].",
     )] = None,
     temperature: Temperature = 0.0,
     top_k: TopK = None,
     top_p: TopP = None,
     seed: Seed = None,
-    beam: Annotated[int | None, typer.Option(
-        "--beam", min=1, help="Beam search with this many beams (instead of greedy/sampling).",
-    )] = None,
+    beam_size: BeamSize = None,
+    beam: BeamAlias = None,
     chat: Annotated[bool | None, typer.Option(
-        "--chat/--no-chat", show_default=False, help="Pretrained models: wrap the prompt in "
-        "the chat template, or continue it as is \\[default: chat if the model has a template].",
+        "--chat/--no-chat", metavar=FLAG, show_default=False,
+        help="Pretrained models: wrap the prompt in the chat template, or continue it as is "
+        "\\[default: chat if the model has a template].",
     )] = None,
     bos: Annotated[bool, typer.Option(
-        "--bos/--no-bos", help="Checkpoints of language models: start the prompt with BOS.",
+        "--bos/--no-bos", metavar=FLAG,
+        help="Checkpoints of language models: start the prompt with BOS.",
     )] = True,
     stream: Annotated[bool, typer.Option(
-        "--stream", help="Pretrained language models: print tokens as they come, then "
-        "tokens/s on stderr.",
+        "--stream", metavar=FLAG,
+        help="Pretrained language models: print tokens as they come, then tokens/s on stderr.",
     )] = False,
     as_json: Annotated[bool, typer.Option(
-        "--json", help="Print one JSON object per prompt ({\"prompt\", \"text\"}), one per "
-        "line.",
+        "--json", metavar=FLAG,
+        help="Print one JSON object per prompt ({\"prompt\", \"text\"}), one per line.",
     )] = False,
     compile: Annotated[bool, typer.Option(
-        "--compile", help="A static KV cache and torch.compile for the decoding steps "
+        "--compile", metavar=FLAG,
+        help="A static KV cache and torch.compile for the decoding steps "
         "(language and translation models; the first run compiles; needs a C++ compiler, "
         "else eager).",
     )] = False,
@@ -307,11 +333,12 @@ def command(
 
     A language model continues the prompt (a chat model answers it through its chat
     template); a translation model translates it. Greedy by default; --temperature, --top-k,
-    --top-p and --seed sample; --beam searches. Prints the new text of each prompt.
+    --top-p and --seed sample; --beam-size searches. Prints the new text of each prompt; a
+    blank one gets a hint on stderr.
 
     [bold]Example:[/bold] qkv generate --model SmolLM2-135M-Instruct --prompt "What is attention?"
 
-    [bold]Example:[/bold] qkv generate runs/copy/best --prompt "hello" --beam 4
+    [bold]Example:[/bold] qkv generate runs/copy/best --prompt "hello" --beam-size 4
 
     [bold]Example:[/bold] echo "Tell me a joke." | qkv generate -m SmolLM2-135M-Instruct -p -
     --stream
@@ -324,11 +351,12 @@ def command(
     prompts = read_items(prompt, input_file, what="prompt", per_line=False,
                          given_as="--prompt TEXT")  # fmt: skip
     source = resolve_source(checkpoint, model)
-    options = decoding_options(temperature, top_k, top_p, seed, beam, compile)
+    beam, typed = beam_of(beam_size, beam)
+    options = decoding_options(temperature, top_k, top_p, seed, beam, compile, typed)
     mode = None if quantize is None else quantize.value
     if stream and (source.kind != "pretrained" or beam is not None or as_json):
         raise ValueError("--stream prints a pretrained language model's tokens as they come; "
-                         "not with a checkpoint, --beam or --json")  # fmt: skip
+                         "not with a checkpoint, --beam-size or --json")  # fmt: skip
     if source.note:
         console.print(source.note, markup=False)
     if source.kind == "checkpoint":
@@ -342,19 +370,23 @@ def command(
         with status(console, f"loading {source.location} ..."):
             bundle = pretrained.load(source.location, **({"quantize": mode} if mode else {}))
         if stream:
-            stream_from_bundle(bundle, prompts, max_new_tokens=max_new_tokens, chat=chat,
-                               console=console, **options)  # fmt: skip
-            return
-        with status(console, "generating ..."):
-            texts = generate_from_bundle(bundle, prompts, max_new_tokens=max_new_tokens,
-                                         chat=chat, **options)  # fmt: skip
+            texts = stream_from_bundle(bundle, prompts, max_new_tokens=max_new_tokens,
+                                       chat=chat, console=console, **options)  # fmt: skip
+        else:
+            with status(console, "generating ..."):
+                texts = generate_from_bundle(bundle, prompts, max_new_tokens=max_new_tokens,
+                                             chat=chat, **options)  # fmt: skip
     if as_json:
         print_jsonl({"prompt": p, "text": t} for p, t in zip(prompts, texts, strict=True))
-        return
-    for i, (p, text) in enumerate(zip(prompts, texts, strict=True)):
-        if len(prompts) > 1:  # several prompts: a header line before each answer
-            print(("\n" if i else "") + f"> {p}")
-        print(text, flush=True)
+    elif not stream:
+        for i, (p, text) in enumerate(zip(prompts, texts, strict=True)):
+            if len(prompts) > 1:  # several prompts: a header line before each answer
+                print(("\n" if i else "") + f"> {p}")
+            print(text, flush=True)
+    hint = blank_output_hint(texts, sampling=temperature > 0,
+                             trained_here=source.kind == "checkpoint")  # fmt: skip
+    if hint is not None:
+        warn(hint, prefix="")
 
 
 def stream_from_bundle(
@@ -374,7 +406,7 @@ def stream_from_bundle(
     for i, prompt in enumerate(prompts):
         if len(prompts) > 1:
             print(("\n" if i else "") + f"> {prompt}", flush=True)
-        ids = bundle.prompt_ids([{"role": "user", "content": prompt}] if use_chat else prompt)
+        ids = bundle.prompt_ids(prompt, chat=use_chat)
         n = max_new_tokens or default_new_tokens(limit, len(ids), DECODER_DEFAULT_TOKENS)
         start, pieces, tokens = time.perf_counter(), [], []
         for piece in bundle.stream(ids, n, counter=tokens, **options):

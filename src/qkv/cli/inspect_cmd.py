@@ -23,7 +23,7 @@ from rich.markup import escape
 
 from qkv.checkpoint import is_qkv_checkpoint, load_checkpoint
 from qkv.cli.common import status
-from qkv.cli.inputs import read_stdin
+from qkv.cli.inputs import read_items
 from qkv.cli.inspect_speech import inspect_speech
 from qkv.inspect.labels import readable_tokens
 
@@ -160,10 +160,15 @@ def command(
         help="A qkv checkpoint folder, or a model qkv.pretrained.load knows (packaged name, "
              "Hugging Face-format folder, .gguf file).", metavar="CHECKPOINT_OR_MODEL_NAME",
     )],
-    text: Annotated[str, typer.Argument(
+    text: Annotated[str | None, typer.Argument(
         help="The input text ('-': read it from standard input; for a speech model such as "
-             "whisper-tiny.en: an audio file).",
-    )],
+             "whisper-tiny.en: an audio file); or give --input FILE.", show_default=False,
+    )] = None,
+    input_file: Annotated[Path | None, typer.Option(
+        "--input", "-i", help="A UTF-8 file whose whole text is the input text ('-': "
+        "standard input), instead of TEXT (text models).",
+        show_default=False,
+    )] = None,
     target: Annotated[str | None, typer.Option(
         "--target", help="Target text for an encoder-decoder (default: its greedy output).",
     )] = None,
@@ -193,6 +198,8 @@ def command(
     [bold]Example:[/bold] qkv inspect SmolLM2-135M-Instruct "The capital of France is" --generate 8
 
     [bold]Example:[/bold] qkv inspect whisper-tiny.en speech.wav --out inspect-speech
+
+    [bold]Example:[/bold] qkv inspect runs/notes --input paragraph.txt --out inspect
     """
     from qkv.inspect.report import write_report
     from qkv.inspect.viewer import view
@@ -200,14 +207,17 @@ def command(
     # Expected failures (ValueError, OSError, ...) become one line in common.guard. Tokens,
     # names and paths are the user's: printed as text, never as rich markup.
     console = Console(highlight=False, soft_wrap=True)  # paths are never broken across lines
-    if text == "-":
-        text = read_stdin(per_line=False, what="TEXT")[0]
+    items = read_items([text] if text is not None else [], input_file, what="text",
+                       per_line=False, given_as="TEXT", whole_file=True)  # fmt: skip
+    if len(items) != 1:
+        raise ValueError("qkv inspect draws one text: give TEXT or --input FILE, not both")
+    text = items[0]
     with status(console, f"loading {model} ..."):
         bundle, net, src_tok, tgt_tok = load_model(model)
     if getattr(net, "encodes_tokens", True) is False:  # a speech model: TEXT is an audio file
-        if target is not None or generate:
-            raise ValueError("--target and --generate are for text models; a speech model "
-                             "takes an audio file and transcribes it")  # fmt: skip
+        if target is not None or generate or input_file is not None:
+            raise ValueError("--target, --generate and --input are for text models; a speech "
+                             "model takes an audio file as TEXT and transcribes it")  # fmt: skip
         with status(console, "transcribing and drawing ..."):
             files = inspect_speech(bundle, Path(text), out, title=f"{model}: {text[:60]}")
         for what, path in files.items():

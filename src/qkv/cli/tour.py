@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from qkv.checks import is_int
-from qkv.cli.common import DTypeName
+from qkv.cli.common import FLAG, DTypeName
 from qkv.cli.tour_basics import COST_LENGTHS, Tour, compute_tour
 from qkv.cli.tour_console import print_list, print_section
 from qkv.cli.tour_page import Context, Section
@@ -94,7 +94,9 @@ def command(
         list[str] | None,
         typer.Option("--stop", help="Run only this stop (repeatable); see --list."),
     ] = None,
-    list_stops: Annotated[bool, typer.Option("--list", help="List the stops and exit.")] = False,
+    list_stops: Annotated[bool, typer.Option(
+        "--list", metavar=FLAG, help="List the stops and exit.",
+    )] = False,
     html: Annotated[
         Path | None,
         typer.Option("--html", help="Also write the tour as one self-contained HTML page."),

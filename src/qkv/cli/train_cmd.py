@@ -27,7 +27,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from qkv.cli.common import fail, metrics_line
+from qkv.cli.common import FLAG, fail
 from qkv.distributed.data_parallel import (
     barrier,
     current_world,
@@ -36,7 +36,7 @@ from qkv.distributed.data_parallel import (
     launched,
     shutdown,
 )
-from qkv.train.metrics import bleu_text
+from qkv.train.metrics import describe_metrics
 from qkv.train.runs import (
     build_model,
     build_train_config,
@@ -46,7 +46,7 @@ from qkv.train.runs import (
 )
 from qkv.train.spec import DATA_FILE, DataSpec, load_dataset, read_data_spec, read_spec_toml
 
-__all__ = ["command", "metrics_text"]
+__all__ = ["command", "metrics_text", "resume_notice"]
 
 NAME = "train"
 
@@ -82,7 +82,8 @@ def command(
     )] = None,
     resume: Annotated[Path | None, typer.Option(
         "--resume", help="Continue this run folder exactly from its last checkpoint (its data, "
-        "model, tokenizers and settings; --steps may extend it).",
+        "model, tokenizers and settings; --steps may change its total, and a note says how the "
+        "learning-rate schedule is re-planned).",
     )] = None,
     config: Annotated[Path | None, typer.Option(
         "--config", help="A TOML file: TrainConfig keys, \\[data] and \\[model] tables.",
@@ -111,14 +112,17 @@ def command(
     threads: Annotated[int | None, typer.Option(
         "--threads", min=1, help="CPU threads for torch (default: torch's own).",
     )] = None,
-    pack: Annotated[bool, typer.Option(
-        "--pack", help="Text: train on paragraphs packed into rows with document ids (no "
-        "attention across paragraphs, positions restart) instead of windows of the stream.",
-    )] = False,
-    fsdp: Annotated[bool, typer.Option(
-        "--fsdp", help="Under torchrun: shard weights, gradients and optimizer state (FSDP2) "
-        "instead of a replica per process (DDP).",
-    )] = False,
+    pack: Annotated[bool | None, typer.Option(
+        "--pack/--no-pack", metavar=FLAG, show_default=False, help="Text: train on "
+        "paragraphs packed into rows with document ids (no attention across paragraphs, "
+        "positions restart), or on windows of the stream \\[default: --config's, else "
+        "windows].",
+    )] = None,
+    fsdp: Annotated[bool | None, typer.Option(
+        "--fsdp/--no-fsdp", metavar=FLAG, show_default=False, help="Under torchrun: shard "
+        "weights, gradients and optimizer state (FSDP2), or keep a replica per process (DDP) "
+        "\\[default: --config's, else DDP].",
+    )] = None,
 ) -> None:
     """Train a transformer from scratch: a synthetic task, a file of pairs, or any text.
 
@@ -158,8 +162,8 @@ def command(
             given = {"TASK": task, "--text": text, "--pairs": pairs, "--config": config,
                      "--out": out, "--batch-size": batch_size, "--lr": lr,
                      "--eval-every": eval_every, "--d-model": d_model, "--layers": layers,
-                     "--heads": heads, "--seed": seed, "--pack": pack or None,
-                     "--fsdp": fsdp or None, **{f"--{k.replace('_', '-')}": v
+                     "--heads": heads, "--seed": seed, "--pack": pack,
+                     "--fsdp": fsdp, **{f"--{k.replace('_', '-')}": v
                                                  for k, v in columns.items()}}  # fmt: skip
             clash = [k for k, v in given.items() if v is not None]
             if clash:
@@ -196,15 +200,11 @@ def command(
 
 
 def metrics_text(metrics: dict[str, float]) -> str:
-    """:func:`~qkv.cli.common.metrics_line` with BLEU shown by
-    :func:`~qkv.train.metrics.bleu_text` (``BLEU n/a (...)`` on short targets)."""
-    bleu = bleu_text(metrics)
-    rest = {k: v for k, v in metrics.items() if k not in ("bleu", "bleu_ref_tokens")}
-    if bleu is None:
-        return metrics_line(rest)
-    head = {k: v for k, v in rest.items() if k != "chrf"}
-    tail = {k: v for k, v in rest.items() if k == "chrf"}
-    return "  ".join(part for part in (metrics_line(head), bleu, metrics_line(tail)) if part)
+    """The metrics in words (:func:`qkv.train.metrics.describe_metrics`, as the evaluation
+    lines during training): ``exact match 99.2%  BLEU 98.1  chrF 99.0``, or ``BLEU n/a
+    (targets average 2.9 tokens; BLEU needs 4-grams)`` on short targets, never a metric key
+    such as ``bleu_ref_tokens``."""
+    return describe_metrics(metrics)
 
 
 def _train(console, task, text, pairs, config, out, steps, batch_size, lr, eval_every, d_model,
@@ -221,7 +221,7 @@ def _train(console, task, text, pairs, config, out, steps, batch_size, lr, eval_
             spec = DataSpec(**{**spec.to_json(), "seed": tables["train"]["seed"]})
         run_dir = out if out is not None else Path("runs") / Path(spec.source).stem
         options = dict(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every,
-                       seed=seed, device=device, fsdp=fsdp or None, pack=pack or None,
+                       seed=seed, device=device, fsdp=fsdp, pack=pack,
                        run_dir=str(run_dir))  # fmt: skip
         train_config = build_train_config(spec.kind, tables["train"], options)
     except ValueError as err:
@@ -282,6 +282,9 @@ def _resume(console, run_dir: Path, steps, max_seconds, device):
                          f"its {train_config.steps} steps; give --steps above that to go on")
     world = init_distributed(train_config.device)
     say = console.print if world.is_zero else _quiet
+    notice = resume_notice(saved["config"], train_config, int(saved.get("step", 0)))
+    if notice is not None:
+        say(notice, markup=False)
     data = load_dataset(spec)
     toks = run_tokenizers(last, spec.kind)
     say(f"[bold]qkv train --resume[/bold] {escape(str(run_dir))}: step {saved.get('step')} → "
@@ -289,6 +292,37 @@ def _resume(console, run_dir: Path, steps, max_seconds, device):
     done = run_training(spec, data, toks, ckpt.model, train_config, max_seconds=max_seconds,
                         log=say, resume=last)  # fmt: skip
     return done, spec, run_dir, world
+
+
+def resume_notice(saved: dict[str, Any], config: Any, step: int) -> str | None:
+    """The one line ``qkv train --resume`` prints when its ``--steps`` changes the run's plan
+    (``saved``: the TrainConfig the run was last trained with, as a dict; ``config``: the
+    one it resumes with, at ``step`` steps done), or None when the plan is the same.
+
+    A cosine schedule decays to its floor at the last step, so a new total re-plans the
+    learning rate from the next step on: the line says from what to what. The other
+    schedules do not depend on the total; only the end of the run moves.
+    """
+    from qkv.train.config import TrainConfig
+    from qkv.train.schedules import lr_at
+
+    planned = saved.get("steps")
+    if not isinstance(planned, int) or planned == config.steps:
+        return None
+    verb = "extends" if config.steps > planned else "shortens"
+    head = (f"note: --steps {config.steps:,} {verb} the run, which was planned for "
+            f"{planned:,} steps")  # fmt: skip
+    if config.schedule != "cosine":
+        return (f"{head}; its {config.schedule} learning-rate schedule does not depend on the "
+                "total, so only the end of the run moves")  # fmt: skip
+    nxt = step + 1
+    try:
+        before = TrainConfig.from_dict({**config.to_dict(), "steps": planned})
+        change = f" (step {nxt:,}: lr {lr_at(nxt, before):.2e} -> {lr_at(nxt, config):.2e})"
+    except ValueError:  # a plan TrainConfig would refuse today: say it without the numbers
+        change = ""
+    return (f"{head}: the cosine learning-rate schedule is re-planned to reach its floor at step "
+            f"{config.steps:,} instead of {planned:,}{change}")  # fmt: skip
 
 
 def _quiet(*args: Any, **kwargs: Any) -> None:

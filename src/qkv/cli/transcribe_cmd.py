@@ -17,7 +17,15 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from qkv.cli.common import check_out_folder, status
+from qkv.cli.common import (
+    FLAG,
+    SPEECH_NEW_TOKENS,
+    BeamAlias,
+    BeamSize,
+    beam_of,
+    check_out_folder,
+    status,
+)
 from qkv.cli.inputs import read_items
 from qkv.cli.outputs import print_jsonl
 
@@ -57,9 +65,12 @@ def command(
     model: Annotated[str, typer.Option(
         "--model", "-m", help="Packaged name or CTranslate2 Whisper folder.",
     )] = "whisper-tiny.en",
-    beam_size: Annotated[int | None, typer.Option(
-        "--beam-size", min=1, help="Beam search with this many beams (default: greedy).",
-    )] = None,
+    beam_size: BeamSize = None,
+    beam: BeamAlias = None,
+    max_new_tokens: Annotated[int, typer.Option(
+        "--max-new-tokens", "-n", min=1, help="Most tokens per 30 s window of audio "
+        "(Whisper's own default: half its 448 positions).",
+    )] = SPEECH_NEW_TOKENS,
     align: Annotated[Path | None, typer.Option(
         "--align", help="Write the cross-attention alignment (tokens x seconds) to this PNG.",
     )] = None,
@@ -68,10 +79,12 @@ def command(
         show_default=False,
     )] = None,
     as_json: Annotated[bool, typer.Option(
-        "--json", help="Print one JSON object per file ({\"file\", \"text\"}), one per line.",
+        "--json", metavar=FLAG,
+        help="Print one JSON object per file ({\"file\", \"text\"}), one per line.",
     )] = False,
     compile: Annotated[bool, typer.Option(
-        "--compile", help="A static KV cache and torch.compile for the decoding steps (the "
+        "--compile", metavar=FLAG,
+        help="A static KV cache and torch.compile for the decoding steps (the "
         "first file compiles; needs a C++ compiler, else eager; not with --beam-size).",
     )] = False,
 ) -> None:
@@ -87,6 +100,7 @@ def command(
 
     console = Console(highlight=False, soft_wrap=True)
     stderr = Console(stderr=True, highlight=False)
+    beam_size, typed = beam_of(beam_size, beam)
     files = [Path(f) for f in read_items([str(f) for f in files or []], input_file,
                                          what="audio file")]  # fmt: skip
     for file in files:
@@ -94,8 +108,8 @@ def command(
             what = "is a folder" if file.is_dir() else "does not exist"
             raise FileNotFoundError(f"FILE {file} {what} (expected an audio file)")
     if compile and beam_size is not None:
-        raise ValueError(f"--compile (a static KV cache) does not serve --beam-size "
-                         f"{beam_size}; drop one")  # fmt: skip
+        raise ValueError(f"--compile (a static KV cache) does not serve {typed} {beam_size}; "
+                         "drop one")  # fmt: skip
     if align is not None:  # refused now, not after the transcription
         if align.is_dir():
             raise ValueError(f"--align {align} is a folder; expected a .png file path")
@@ -110,17 +124,19 @@ def command(
         prefix = f"{escape(str(file))}: " if several else ""
         if as_json:
             with status(stderr, f"transcribing {file} ..."):
-                text = bundle.transcribe(file, beam_size=beam_size, compile=compile)
+                text = bundle.transcribe(file, beam_size=beam_size, compile=compile,
+                                         max_new_tokens=max_new_tokens)  # fmt: skip
             print_jsonl([{"file": str(file), "text": text}])
         elif console.is_terminal and beam_size is None and not compile:
             console.print(prefix, end="")
-            for piece in bundle.stream(file):
+            for piece in bundle.stream(file, max_new_tokens=max_new_tokens):
                 console.print(escape(piece), end="")
                 sys.stdout.flush()
             console.print()
         else:
             with status(stderr, f"transcribing {file} ..."):
-                text = bundle.transcribe(file, beam_size=beam_size, compile=compile)
+                text = bundle.transcribe(file, beam_size=beam_size, compile=compile,
+                                         max_new_tokens=max_new_tokens)  # fmt: skip
             console.print(prefix + escape(text))
         if align is not None:
             with status(stderr, "drawing the alignment ..."):

@@ -4,34 +4,96 @@ pretrained one (``--model PATH``: a Hugging Face BART, T5 or Marian/Opus-MT fold
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
+from qkv.cli.common import (
+    FLAG,
+    TRANSLATION_NEW_TOKENS,
+    BeamAlias,
+    BeamSize,
+    beam_of,
+    blank_output_hint,
+    warn,
+)
 from qkv.cli.inputs import read_items
 from qkv.cli.outputs import print_jsonl
 from qkv.train.runs import load_run, seq2seq_parts
 
-__all__ = ["command", "translate_pretrained", "translate_texts"]
+__all__ = ["command", "input_warnings", "translate_pretrained", "translate_texts"]
 
 NAME = "translate"
+SHOWN_UNKNOWN = 8  # unknown characters named in a warning, at most
 
 
-def _check(texts: list[str], beam: int | None, compile: bool = False) -> None:
+def _check(texts: list[str], beam: int | None, compile: bool = False,
+           typed: str = "--beam-size") -> None:  # fmt: skip
     if compile and beam is not None:
-        raise ValueError(f"--compile (a static KV cache) does not serve --beam {beam}; drop one")
+        raise ValueError(f"--compile (a static KV cache) does not serve {typed} {beam}; "
+                         "drop one")  # fmt: skip
     if not texts:
         raise ValueError("no texts to translate; give at least one")
     if beam is not None and beam < 1:
-        raise ValueError(f"--beam must be >= 1, got {beam}")
+        raise ValueError(f"--beam-size must be >= 1, got {beam}")
+
+
+def _which(texts: list[str], i: int) -> str:
+    """``"the text"`` for one text, ``"text 3"`` (1-based) among several."""
+    return "the text" if len(texts) == 1 else f"text {i + 1}"
+
+
+def input_warnings(texts: list[str], tokenizer: Any = None) -> list[str]:
+    """One warning per text that is empty (or only whitespace), or, given the model's source
+    ``tokenizer`` (a qkv tokenizer: unknown pieces encode to ``UNK_ID``), holds characters it
+    never saw in training.
+
+    An empty text is not translated: its output is an empty line (a model asked to translate
+    nothing makes something up, such as ``1900-00000``). Unknown characters are translated
+    as ``<unk>``, so the output may be wrong; the warning names them.
+    """
+    from qkv.data.tokenizer_base import UNK_ID
+
+    out = []
+    for i, text in enumerate(texts):
+        if not text.strip():
+            out.append(f"{_which(texts, i)} is empty: its translation is an empty line")
+            continue
+        if tokenizer is None:
+            continue
+        unknown = sorted({c for c in text if not c.isspace() and UNK_ID in tokenizer.encode(c)})
+        if unknown:
+            shown = " ".join(repr(c) for c in unknown[:SHOWN_UNKNOWN])
+            rest = len(unknown) - SHOWN_UNKNOWN
+            more = f" and {rest} more" if rest > 0 else ""
+            out.append(f"{_which(texts, i)} has {len(unknown)} character"
+                       f"{'s' * (len(unknown) != 1)} the model never saw in training ({shown}"
+                       f"{more}): read as <unk>, the translation may be wrong")  # fmt: skip
+    return out
+
+
+def _nonempty(texts: list[str], translate: Callable[[list[str]], list[str]]) -> list[str]:
+    """``translate`` of the texts that are not blank; a blank text's output is ``""``."""
+    keep = [i for i, t in enumerate(texts) if t.strip()]
+    done = translate([texts[i] for i in keep]) if keep else []
+    out = [""] * len(texts)
+    for i, text in zip(keep, done, strict=True):
+        out[i] = text
+    return out
 
 
 def translate_texts(checkpoint: str | Path, texts: list[str], *, beam: int | None = None,
-                    max_new_tokens: int | None = None,
-                    compile: bool = False) -> list[str]:  # fmt: skip
-    """Translate ``texts`` with the encoder-decoder checkpoint at ``checkpoint``.
+                    max_new_tokens: int | None = None, compile: bool = False,
+                    on_warning: Callable[[str], None] | None = None) -> list[str]:  # fmt: skip
+    """Translate ``texts`` with the encoder-decoder checkpoint at ``checkpoint``; an empty (or
+    blank) text gives ``""`` without running the model.
+
+    Args:
+        on_warning: called with each of :func:`input_warnings`' lines (empty texts, characters
+            the source tokenizer never saw).
 
     Raises:
         FileNotFoundError: no checkpoint; ValueError: a corrupt one, a decoder-only model,
@@ -42,14 +104,23 @@ def translate_texts(checkpoint: str | Path, texts: list[str], *, beam: int | Non
     _check(texts, beam, compile)
     ckpt, folder, _ = load_run(checkpoint)
     model, src_tok, tgt_tok = seq2seq_parts(ckpt, folder, "translate")
-    return translate(model, texts, src_tok, tgt_tok, beam_size=beam,
-                     max_new_tokens=max_new_tokens, compile=compile)  # fmt: skip
+    for line in input_warnings(texts, src_tok):
+        if on_warning is not None:
+            on_warning(line)
+    return _nonempty(texts, lambda batch: translate(
+        model, batch, src_tok, tgt_tok, beam_size=beam, max_new_tokens=max_new_tokens,
+        compile=compile))  # fmt: skip
 
 
 def translate_pretrained(model: str | Path, texts: list[str], *, beam: int | None = None,
-                         max_new_tokens: int | None = None,
-                         compile: bool = False) -> list[str]:  # fmt: skip
-    """Translate ``texts`` with a pretrained encoder-decoder (``qkv.pretrained.load(model)``).
+                         max_new_tokens: int | None = None, compile: bool = False,
+                         on_warning: Callable[[str], None] | None = None) -> list[str]:  # fmt: skip
+    """Translate ``texts`` with a pretrained encoder-decoder (``qkv.pretrained.load(model)``);
+    an empty (or blank) text gives ``""`` without running the model.
+
+    Args:
+        on_warning: called with a line for each empty text (:func:`input_warnings`; a
+            pretrained tokenizer's unknown characters are not checked).
 
     Raises:
         ValueError: no texts, a bad beam size, a model that is not an encoder-decoder, a
@@ -66,8 +137,11 @@ def translate_pretrained(model: str | Path, texts: list[str], *, beam: int | Non
     if bundle.tokenizer is None:
         raise ValueError(f"--model {str(model)!r} has no tokenizer files (tokenizer.json, or "
                          "Marian's source.spm/target.spm/vocab.json), so texts cannot be encoded")
-    return bundle.translate(texts, beam_size=beam, max_new_tokens=max_new_tokens,
-                            compile=compile)
+    for line in input_warnings(texts):
+        if on_warning is not None:
+            on_warning(line)
+    return _nonempty(texts, lambda batch: bundle.translate(
+        batch, beam_size=beam, max_new_tokens=max_new_tokens, compile=compile))  # fmt: skip
 
 
 def command(
@@ -81,27 +155,33 @@ def command(
         "--model", "-m", help="A pretrained encoder-decoder instead of a checkpoint: a Hugging "
         "Face folder (BART, T5, Marian/Opus-MT).", show_default=False,
     )] = None,
-    beam: Annotated[int | None, typer.Option(
-        "--beam", help="Beam search with this many beams (default: greedy decoding).",
-    )] = None,
+    beam_size: BeamSize = None,
+    beam: BeamAlias = None,
     compile: Annotated[bool, typer.Option(
-        "--compile", help="A static KV cache and torch.compile for the decoding steps (the "
-        "first run compiles; needs a C++ compiler, else eager; not with --beam).",
+        "--compile", metavar=FLAG, help="A static KV cache and torch.compile for the decoding "
+        "steps (the first run compiles; needs a C++ compiler, else eager; not with "
+        "--beam-size).",
     )] = False,
     max_new_tokens: Annotated[int | None, typer.Option(
-        "--max-new-tokens", min=1, help="Longest output (default: 2 × input + 10).",
+        "--max-new-tokens", "-n", min=1, show_default=False,
+        help=f"Most tokens of each translation \\[default: {TRANSLATION_NEW_TOKENS}, within "
+        "the model's max_len].",
     )] = None,
     input_file: Annotated[Path | None, typer.Option(
         "--input", "-i", help="A UTF-8 file of texts to translate, one per line ('-': "
         "standard input).", show_default=False,
     )] = None,
     as_json: Annotated[bool, typer.Option(
-        "--json", help="Print one JSON object per text ({\"source\", \"translation\"}), one "
-        "per line.",
+        "--json", metavar=FLAG, help="Print one JSON object per text ({\"source\", "
+        "\"translation\"}), one per line.",
     )] = False,
 ) -> None:
     """Translate texts with a trained encoder-decoder checkpoint, or a pretrained one with
     --model; one output per line.
+
+    An empty text gives an empty line (with a warning on stderr), so outputs stay in step
+    with inputs; characters a checkpoint's tokenizer never saw in training are named in a
+    warning; a blank translation gets a hint.
 
     [bold]Example:[/bold] qkv translate runs/demo "tuesday 3rd of march 2015" "7/4/76"
 
@@ -111,6 +191,7 @@ def command(
     as the file reads standard input, one text per line)
     """
     # Expected failures (ValueError, OSError, ...) become one line in common.guard.
+    beam, typed = beam_of(beam_size, beam)
     items = list(inputs or [])
     if model is None:
         if not items:
@@ -118,15 +199,20 @@ def command(
                              "PATH and the texts")  # fmt: skip
         checkpoint, items = items[0], items[1:]
     texts = read_items(items, input_file, what="text to translate")
+    _check(texts, beam, compile, typed)  # the options as typed, before anything loads
     if model is not None:
         outputs = translate_pretrained(model, texts, beam=beam, max_new_tokens=max_new_tokens,
-                                       compile=compile)
+                                       compile=compile, on_warning=warn)  # fmt: skip
     else:
         outputs = translate_texts(checkpoint, texts, beam=beam, max_new_tokens=max_new_tokens,
-                                  compile=compile)  # fmt: skip
+                                  compile=compile, on_warning=warn)  # fmt: skip
     if as_json:
         print_jsonl({"source": t, "translation": o} for t, o in zip(texts, outputs, strict=True))
-        return
-    console = Console(highlight=False, soft_wrap=True)
-    for line in outputs:
-        console.print(line, markup=False)
+    else:
+        console = Console(highlight=False, soft_wrap=True)
+        for line in outputs:
+            console.print(line, markup=False)
+    empty = {i for i, t in enumerate(texts) if not t.strip()}
+    hint = blank_output_hint(outputs, skip=empty, trained_here=model is None)
+    if hint is not None:
+        warn(hint, prefix="")

@@ -25,6 +25,7 @@ __all__ = [
     "bleu_applies",
     "bleu_text",
     "chrf",
+    "describe_metrics",
     "exact_match",
     "mean_ref_tokens",
     "perplexity",
@@ -155,6 +156,33 @@ def bleu_text(metrics: dict[str, Any]) -> str | None:
         return (f"BLEU n/a (targets average {metrics['bleu_ref_tokens']:.1f} tokens; BLEU "
                 f"needs {BLEU_MIN_TOKENS}-grams)")  # fmt: skip
     return None
+
+
+def describe_metrics(metrics: dict[str, Any]) -> str:
+    """``metrics`` in words, as qkv prints them on the terminal (metrics.jsonl keeps the keys).
+
+    ``step 200  loss 1.234  perplexity 3.43  token accuracy 91.2%  exact match 80.0%  BLEU 98.1
+    chrF 99.0``: fractions as percentages, BLEU by :func:`bleu_text` (``BLEU n/a (targets
+    average 2.9 tokens; BLEU needs 4-grams)`` in place of ``bleu_ref_tokens``), any other key
+    with its underscores as spaces.
+    """
+    words = {"exact_match": "exact match", "token_accuracy": "token accuracy", "chrf": "chrF"}
+    parts = []
+    for key, value in metrics.items():
+        if key in ("bleu", "bleu_ref_tokens"):
+            if key == "bleu" or metrics.get("bleu") is None:
+                parts.append(bleu_text({key: value}) or f"BLEU {value}")
+        elif key == "step":
+            parts.append(f"step {value:,}")
+        elif key in ("exact_match", "token_accuracy"):
+            parts.append(f"{words[key]} {value:.1%}")
+        elif key == "chrf":
+            parts.append(f"chrF {value:.1f}")
+        elif isinstance(value, float):
+            parts.append(f"{key.replace('_', ' ')} {value:.4g}")
+        else:
+            parts.append(f"{key.replace('_', ' ')} {value}")
+    return "  ".join(parts)
 
 
 def chrf(hyps: Sequence[str], refs: Sequence[str]) -> float:

@@ -27,6 +27,7 @@ from torch import nn
 from qkv.checkpoint import load_checkpoint
 from qkv.distributed.data_parallel import PeerError, is_peer_failure
 from qkv.train.config import TrainConfig
+from qkv.train.metrics import describe_metrics
 from qkv.train.parallel import Ranks
 from qkv.train.progress import MetricsLog, ProgressBar, plot_loss_curve
 from qkv.train.schedules import lr_at
@@ -219,7 +220,7 @@ class Run:
         record = {"step": state.step, **metrics}
         state.evals.append(record)
         self.log.append({"split": "valid", **record})
-        self.bar.message("eval " + "  ".join(f"{k} {v:.4g}" for k, v in record.items()))
+        self.bar.message("eval " + describe_metrics(record))  # words, not metric keys
         value, best = metrics[config.metric], state.best
         better = math.isfinite(value) and (
             best is None or (value < best if config.metric_mode == "min" else value > best)
