@@ -132,7 +132,7 @@ def test_generate_model_greedy_equals_bundle_generate():
     expected = bundle.generate([{"role": "user", "content": prompt}], 8)
     assert expected and chat.stdout == expected + "\n", (chat.stdout, expected)
     raw = _ok(["generate", "-m", SMOL, "-p", "The capital of France is", "-n", "8", "--no-chat"])
-    expected_raw = bundle.generate("The capital of France is", 8)
+    expected_raw = bundle.generate("The capital of France is", 8, chat=False)
     assert raw.stdout == expected_raw + "\n", (raw.stdout, expected_raw)
 
 

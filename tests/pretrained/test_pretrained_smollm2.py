@@ -97,6 +97,18 @@ def test_stream_joins_to_generate():
     assert "".join(pieces) == bundle.generate(STORY, max_new_tokens=8)
 
 
+def test_a_plain_string_goes_through_the_chat_template_as_the_cli_does():
+    """Issue 27: bundle.generate(str) sent the text as is while `qkv generate` applied the
+    chat template, so the README's int8 example answered "The answer is: 1."."""
+    bundle = smollm2()
+    question = "What is the capital of France?"
+    chat = bundle.prompt_ids([{"role": "user", "content": question}])
+    assert bundle.prompt_ids(question) == bundle.prompt_ids(question, chat=True) == chat
+    assert bundle.prompt_ids(question, chat=False) == bundle.tokenizer.encode(question)
+    assert bundle.generate(question, 8) == bundle.generate([{"role": "user",
+                                                             "content": question}], 8)
+
+
 def test_generate_errors_name_the_argument():
     bundle = smollm2()
     with pytest.raises(ValueError, match="max_new_tokens must be a positive int, got 0"):

@@ -147,14 +147,29 @@ class DecoderBundle:
     def config(self) -> Any:
         return self.model.config
 
-    def prompt_ids(self, prompt_or_messages: object) -> list[int]:
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the tokenizer has a chat template (an instruction-tuned model)."""
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def prompt_ids(self, prompt_or_messages: object, chat: bool | None = None) -> list[int]:
         """Token ids for a prompt string, a chat (list of messages) or ids themselves.
+
+        ``chat`` decides what a string is: None (default) one user message rendered with
+        the chat template when the model has one (what ``qkv generate`` does; an
+        instruction-tuned model given bare text answers badly), else the text as is; True
+        requires the template; False encodes the text as is.
 
         Raises:
             TypeError: another type; a string or chat without a tokenizer.
-            ValueError: an empty prompt; a chat for a model with no chat template.
+            ValueError: an empty prompt; a chat (or ``chat=True``) for a model with no chat
+                template.
         """
         p = prompt_or_messages
+        if isinstance(p, str) and chat is not False and (chat or self.has_chat_template):
+            if not p:
+                raise ValueError("the prompt is empty: give at least one token of text")
+            p = [{"role": "user", "content": p}]
         if isinstance(p, Tensor):
             p = p.tolist()
         if isinstance(p, (list, tuple)) and p and all(
@@ -183,11 +198,11 @@ class DecoderBundle:
     def generate_ids(self, prompt_or_messages: object, max_new_tokens: int = 128, *,
                      temperature: float = 0.0, top_k: int | None = None,
                      top_p: float | None = None, seed: int | None = None,
-                     compile: bool = False) -> list[int]:  # fmt: skip
+                     compile: bool = False, chat: bool | None = None) -> list[int]:  # fmt: skip
         """The new token ids (EOS not included); arguments as :meth:`generate`."""
         from qkv.generate import generate, strip
 
-        ids = self.prompt_ids(prompt_or_messages)
+        ids = self.prompt_ids(prompt_or_messages, chat)
         out = generate(self.model, [ids], **self._options(
             max_new_tokens, temperature, top_k, top_p, seed, compile))  # (1, L)
         return strip(out, self.eos_id)[0]
@@ -195,19 +210,21 @@ class DecoderBundle:
     def generate(self, prompt_or_messages: object, max_new_tokens: int = 128, *,
                  temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None,
-                 compile: bool = False) -> str:  # fmt: skip
+                 compile: bool = False, chat: bool | None = None) -> str:  # fmt: skip
         """Continue a prompt, or answer a chat, and return the new text.
 
         Args:
-            prompt_or_messages: a string (encoded as is), a list of ``{"role", "content"}``
-                messages (rendered with the chat template, ending with the assistant's turn),
-                or token ids.
+            prompt_or_messages: a string (one user message through the chat template when
+                the model has one, unless ``chat=False``: see :meth:`prompt_ids`), a list of
+                ``{"role", "content"}`` messages (rendered with the chat template, ending
+                with the assistant's turn), or token ids.
             max_new_tokens: the most tokens generated; EOS stops earlier.
             temperature: 0 = greedy; > 0 samples (with ``top_k`` / ``top_p`` filtering).
             top_k, top_p, seed: sampling options (see :func:`qkv.generate.sample`).
             compile: decode with a static KV cache and the steps compiled by
                 ``torch.compile`` (:mod:`qkv.generate.compiled`; the first call compiles,
                 ~45 s for SmolLM2-135M on 2 cores; later calls reuse it). Same tokens.
+            chat: how a string prompt is read (see :meth:`prompt_ids`).
 
         Returns:
             The generated text, special tokens removed.
@@ -216,8 +233,8 @@ class DecoderBundle:
             TypeError / ValueError: as :meth:`prompt_ids`, and bad sampling options.
         """
         ids = self.generate_ids(prompt_or_messages, max_new_tokens, temperature=temperature,
-                                top_k=top_k, top_p=top_p, seed=seed,
-                                compile=compile)  # fmt: skip
+                                top_k=top_k, top_p=top_p, seed=seed, compile=compile,
+                                chat=chat)  # fmt: skip
         if self.tokenizer is None:
             raise TypeError(f"{self.name} has no tokenizer; use generate_ids")
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -225,8 +242,8 @@ class DecoderBundle:
     def stream(self, prompt_or_messages: object, max_new_tokens: int = 128, *,
                temperature: float = 0.0, top_k: int | None = None,
                top_p: float | None = None, seed: int | None = None,
-               compile: bool = False,
-               counter: list[int] | None = None) -> Iterator[str]:  # fmt: skip
+               compile: bool = False, counter: list[int] | None = None,
+               chat: bool | None = None) -> Iterator[str]:  # fmt: skip
         """Like :meth:`generate`, yielding text pieces as soon as they are decodable.
 
         A piece is held back while it ends inside a multi-byte character (a byte-level token
@@ -238,7 +255,7 @@ class DecoderBundle:
 
         if self.tokenizer is None:
             raise TypeError(f"{self.name} has no tokenizer; use generate_ids")
-        ids = self.prompt_ids(prompt_or_messages)
+        ids = self.prompt_ids(prompt_or_messages, chat)
         options = self._options(max_new_tokens, temperature, top_k, top_p, seed, compile)
         new: list[int] = []
         shown = ""
