@@ -31,13 +31,17 @@ def test_inspect_speech_writes_time_axis_viewer_and_alignment(tmp_path, monkeypa
     result = runner.invoke(app, ["inspect", "whisper-tiny.en", str(clip), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert (out / "alignment.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # issue 27: the transcript it drew is printed, and each stage says what it does
+    features = bundle.features(str(clip))[:1]
+    said = bundle.text(bundle.tokens(features)[0])
+    assert f"transcript (first 30 s): {said}" in result.stdout, result.stdout
     data = _page_data((out / "viewer.html").read_text(encoding="utf-8"))
-    text = json.dumps(data)
-    assert "0.02 s" in text and "29.98 s" in text, "the keys are not labelled in seconds"
+    # the time axis in rows of 0.5 s: 60 for the window, not 1,500 frames
+    assert data["tokens"]["source"][:2] == ["0.00 s", "0.50 s"], data["tokens"]["source"][:3]
+    assert len(data["tokens"]["source"]) == 60 and data["axes"]["source"]["frames"] == 25
     kinds = {g["kind"] for g in data["groups"]}
     assert "cross" in kinds, f"no cross-attention in the page: {kinds}"
     # The page's cross-attention is the model's: the greedy transcription fed back.
-    features = bundle.features(str(clip))[:1]
     tokens = torch.tensor([[*bundle.prompt, *bundle.tokens(features)[0]]])
     with capture(bundle.model) as cap:
         bundle.model(features, tokens)

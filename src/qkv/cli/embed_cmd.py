@@ -15,9 +15,10 @@ from rich.markup import escape
 from rich.table import Column, Table
 from torch import Tensor
 
-from qkv.cli.common import FLAG, status
+from qkv.cli.common import FLAG
 from qkv.cli.inputs import read_items
 from qkv.cli.outputs import check_out_file, print_jsonl, write_embeddings
+from qkv.cli.progress import Stages
 
 __all__ = ["command", "print_table", "short"]
 
@@ -100,9 +101,10 @@ def command(
     console = Console(highlight=False)
     stderr = Console(stderr=True, highlight=False)
     # Expected failures (ValueError, OSError, ...) become one line in common.guard.
-    with status(stderr, f"loading {model} ..."):
+    stages = Stages("embed")  # stderr: spinners on a terminal, a line per stage in a pipe
+    with stages.stage(f"loading {model}"):
         bundle = pretrained.load(model)
-    with status(stderr, f"embedding {len(items)} texts ..."):
+    with stages.stage(f"embedding {len(items)} texts"):
         embeddings, cosine = pretrained.embed(items, bundle, batch_size=batch_size)
     if out is not None:
         write_embeddings(out, items, embeddings)

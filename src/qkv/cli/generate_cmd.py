@@ -40,11 +40,11 @@ from qkv.cli.common import (
     TopP,
     beam_of,
     blank_output_hint,
-    status,
     warn,
 )
 from qkv.cli.inputs import read_items
 from qkv.cli.outputs import print_jsonl
+from qkv.cli.progress import Stages
 
 __all__ = [
     "Source",
@@ -359,21 +359,24 @@ def command(
                          "not with a checkpoint, --beam-size or --json")  # fmt: skip
     if source.note:
         console.print(source.note, markup=False)
+    stages = Stages("generate")  # stderr: spinners on a terminal, a line per stage in a pipe
+    doing = "generating" + (" (--compile: the first call compiles the decoding steps, "
+                            "about a minute)" if compile else "")
     if source.kind == "checkpoint":
-        with status(console, f"loading {source.location} and generating ..."):
+        with stages.stage(f"loading {source.location} and {doing}"):
             texts = generate_from_checkpoint(source.location, prompts, add_bos=bos,
                                              max_new_tokens=max_new_tokens, quantize=mode,
                                              **options)  # fmt: skip
     else:
         from qkv import pretrained
 
-        with status(console, f"loading {source.location} ..."):
+        with stages.stage(f"loading {source.location}"):
             bundle = pretrained.load(source.location, **({"quantize": mode} if mode else {}))
         if stream:
             texts = stream_from_bundle(bundle, prompts, max_new_tokens=max_new_tokens,
                                        chat=chat, console=console, **options)  # fmt: skip
         else:
-            with status(console, "generating ..."):
+            with stages.stage(doing):
                 texts = generate_from_bundle(bundle, prompts, max_new_tokens=max_new_tokens,
                                              chat=chat, **options)  # fmt: skip
     if as_json:

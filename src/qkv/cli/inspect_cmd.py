@@ -22,9 +22,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from qkv.checkpoint import is_qkv_checkpoint, load_checkpoint
-from qkv.cli.common import status
 from qkv.cli.inputs import read_items
 from qkv.cli.inspect_speech import inspect_speech
+from qkv.cli.progress import Stages
 from qkv.inspect.labels import readable_tokens
 
 __all__ = ["Prepared", "add_generation", "command", "load_model", "prepare_inputs"]
@@ -212,23 +212,27 @@ def command(
     if len(items) != 1:
         raise ValueError("qkv inspect draws one text: give TEXT or --input FILE, not both")
     text = items[0]
-    with status(console, f"loading {model} ..."):
+    stages = Stages("inspect")  # stderr: a spinner on a terminal, a line per stage in a pipe
+    with stages.stage(f"loading {model}"):
         bundle, net, src_tok, tgt_tok = load_model(model)
     if getattr(net, "encodes_tokens", True) is False:  # a speech model: TEXT is an audio file
         if target is not None or generate or input_file is not None:
             raise ValueError("--target, --generate and --input are for text models; a speech "
                              "model takes an audio file as TEXT and transcribes it")  # fmt: skip
-        with status(console, "transcribing and drawing ..."):
-            files = inspect_speech(bundle, Path(text), out, title=f"{model}: {text[:60]}")
+        files, transcript = inspect_speech(bundle, Path(text), out,
+                                           title=f"{model}: {text[:60]}", stages=stages)
+        console.print(f"transcript (first 30 s): {transcript}", markup=False)
         for what, path in files.items():
             console.print(f"  {what:<34} {path}", markup=False)
         console.print(f"[bold]viewer:[/bold] {escape(str(files['viewer']))} (open it in a "
                       "browser; no network)")  # fmt: skip
         return
-    with status(console, "running the model and drawing ..."):
+    with stages.stage("preparing the inputs" + (" and generating" if generate else "")):
         p = prepare_inputs(net, src_tok, tgt_tok, text, target, max_tokens)
         gen = add_generation(p, src_tok, generate) if generate else None
-        title = f"{model}: {text[:60]}"
+    title = f"{model}: {text[:60]}"
+    with stages.stage(f"running the model on {len(p.tokens)} tokens and drawing "
+                      f"(PNGs, journey, viewer) in {out}"):
         files = write_report(
             p.model, p.input_ids, out, tokens=p.tokens, target=p.target,
             target_tokens=p.target_tokens, title=title,

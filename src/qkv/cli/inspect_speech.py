@@ -8,6 +8,7 @@ to the alignment PNG of :mod:`qkv.inspect.alignment`.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,14 @@ import torch
 __all__ = ["inspect_speech"]
 
 
-def inspect_speech(bundle: Any, audio: Path, out: Path, *, title: str) -> dict[str, Path]:
-    """Write ``out/alignment.png`` and ``out/viewer.html`` for ``audio`` with a speech bundle.
+def inspect_speech(bundle: Any, audio: Path, out: Path, *, title: str,
+                   stages: Any = None) -> tuple[dict[str, Path], str]:  # fmt: skip
+    """Write ``out/alignment.png`` and ``out/viewer.html`` for ``audio`` (its first 30 s
+    window) with a speech bundle; ``stages`` (a :class:`~qkv.cli.progress.Stages`) shows
+    the work.
 
     Returns:
-        ``{"alignment (tokens × seconds)": png, "viewer": html}``.
+        ``({"alignment (tokens × seconds)": png, "viewer": html}, the window's transcript)``.
 
     Raises:
         FileNotFoundError: ``audio`` does not exist; ValueError: it cannot be decoded (the
@@ -33,21 +37,32 @@ def inspect_speech(bundle: Any, audio: Path, out: Path, *, title: str) -> dict[s
     if not audio.is_file():
         what = "is a folder" if audio.is_dir() else "does not exist"
         raise FileNotFoundError(f"TEXT {audio} {what}: a speech model takes an audio file")
-    samples = next(audio_mod.audio_windows(audio))  # the first 30 s, read alone
-    features = bundle.features(samples)  # (1, n_mels, 3000)
-    tokens = [*bundle.prompt, *bundle.tokens(features)[0]]
+    stage = stages.stage if stages is not None else (lambda text: contextlib.nullcontext())
+    with stage("transcribing the first 30 s"):
+        samples = next(audio_mod.audio_windows(audio))  # the first 30 s, read alone
+        features = bundle.features(samples)  # (1, n_mels, 3000)
+        output = bundle.tokens(features)[0]
+    tokens = [*bundle.prompt, *output]
     labels = [bundle.tokenizer.decode([t]) for t in tokens]
     seconds = min(samples.shape[0] / audio_mod.SAMPLE_RATE, audio_mod.WINDOW_SECONDS)
     heads = bundle.alignment_heads or None
-    matrix = cross_attention_alignment(bundle.model, features, tokens, heads)  # (T, S)
     out.mkdir(parents=True, exist_ok=True)
-    png = plot_time_alignment(
-        matrix, out / "alignment.png", tokens=labels, duration=seconds,
-        seconds_per_frame=audio_mod.FRAME_SECONDS,
-        title=f"{audio.name}: cross-attention, {len(heads or [])} alignment heads averaged",
-    )
-    target = torch.tensor([tokens])  # (1, T)
-    page = view(bundle.model, None, out / "viewer.html", input_ids=features, target=target,
-                target_tokens=labels, key_axis="time", frame_seconds=audio_mod.FRAME_SECONDS,
-                title=title)  # fmt: skip
-    return {"alignment (tokens × seconds)": png, "viewer": Path(page.path)}
+    with stage("drawing the alignment"):
+        matrix = cross_attention_alignment(bundle.model, features, tokens, heads)  # (T, S)
+        png = plot_time_alignment(
+            matrix, out / "alignment.png", tokens=labels, duration=seconds,
+            seconds_per_frame=audio_mod.FRAME_SECONDS,
+            title=f"{audio.name}: cross-attention, {len(heads or [])} alignment heads averaged",
+        )
+    with stage("writing the viewer"):
+        target = torch.tensor([tokens])  # (1, T)
+        page = view(bundle.model, None, out / "viewer.html", input_ids=features,
+                    target=target, target_tokens=labels, key_axis="time",
+                    frame_seconds=audio_mod.FRAME_SECONDS, time_bin=TIME_BIN,
+                    title=title)  # fmt: skip
+    return ({"alignment (tokens × seconds)": png, "viewer": Path(page.path)},
+            bundle.text(output))
+
+
+# Seconds per row of the viewer's time axis: a 30 s window is 60 rows on one screen.
+TIME_BIN = 0.5

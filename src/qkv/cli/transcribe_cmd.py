@@ -24,10 +24,10 @@ from qkv.cli.common import (
     BeamSize,
     beam_of,
     check_out_folder,
-    status,
 )
 from qkv.cli.inputs import read_items
 from qkv.cli.outputs import print_jsonl
+from qkv.cli.progress import Stages
 
 __all__ = ["align_path", "command"]
 
@@ -115,15 +115,17 @@ def command(
             raise ValueError(f"--align {align} is a folder; expected a .png file path")
         check_out_folder(align.parent, "--align")
     # Expected failures (ValueError, OSError, ...) become one line in common.guard.
-    with status(stderr, f"loading {model} ..."):
+    stages = Stages("transcribe")  # stderr: spinners on a terminal, a line per stage in a pipe
+    with stages.stage(f"loading {model}"):
         bundle = pretrained.load(model)
     if not isinstance(bundle, SpeechBundle):
         raise ValueError(f"--model {model!r} is not a speech model (expected a Whisper folder)")
     several = len(files) > 1
-    for file in files:
+    for n, file in enumerate(files, 1):
         prefix = f"{escape(str(file))}: " if several else ""
+        doing = f"transcribing {file}" + (f" ({n}/{len(files)})" if several else "")
         if as_json:
-            with status(stderr, f"transcribing {file} ..."):
+            with stages.stage(doing):
                 text = bundle.transcribe(file, beam_size=beam_size, compile=compile,
                                          max_new_tokens=max_new_tokens)  # fmt: skip
             print_jsonl([{"file": str(file), "text": text}])
@@ -134,11 +136,11 @@ def command(
                 sys.stdout.flush()
             console.print()
         else:
-            with status(stderr, f"transcribing {file} ..."):
+            with stages.stage(doing):
                 text = bundle.transcribe(file, beam_size=beam_size, compile=compile,
                                          max_new_tokens=max_new_tokens)  # fmt: skip
             console.print(prefix + escape(text))
         if align is not None:
-            with status(stderr, "drawing the alignment ..."):
+            with stages.stage("drawing the alignment"):
                 written = _align(bundle, file, align_path(align, file, several))
             stderr.print(f"alignment: {escape(str(written))}")
