@@ -34,6 +34,8 @@ EXEMPT = {
     "compiles them without one",
     "pip install": "installs packages from an index; the tests run without a network",
     "espeak-ng": "an optional system tool; tests/pretrained/test_whisper_cli.py uses it",
+    "jupyter lab": "starts an interactive server; tests/test_notebooks.py runs every notebook "
+    "in a kernel instead",
 }
 # qkv subcommands cheap enough to run for real (the tour: a few seconds).
 RUN = {"tour"}
