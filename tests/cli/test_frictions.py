@@ -21,6 +21,7 @@ import click
 import pytest
 import torch
 import typer
+from test_train_cmd import TINY as TRAIN_TINY
 from typer.testing import CliRunner
 
 import qkv.generate
@@ -54,23 +55,9 @@ def command_of(name: str) -> click.Command:
 
 TOK = CharTokenizer.fit("the cat sat on the mat.")
 
-# A copy-task run small enough to train in a second or two, with its evaluation lines shown.
-TINY = """
-steps = 12
-batch_size = 16
-eval_every = 6
-eval_examples = 20
-log_every = 6
-[data]
-n_train = 200
-n_valid = 20
-n_test = 30
-max_len = 4
-[model]
-d_model = 16
-num_heads = 2
-d_ff = 32
-"""
+# A copy-task run small enough to train in a second or two, with its evaluation lines shown:
+# test_train_cmd's, printing as it goes.
+TINY = TRAIN_TINY.replace("progress = false", "log_every = 6")
 
 
 def one_line_error(result, *words: str) -> str:

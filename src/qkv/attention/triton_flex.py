@@ -64,17 +64,29 @@ def _tile(q, k, h, i, j, rows_ok, cols_ok, slot, KEEP, SLOPES, offset, cap, scal
 
 
 @triton.jit
+def _key_tile(q, K, V, h, i, rows_ok, kb, slot, KEEP, SLOPES, sks, svs, S, D, DV, d, dv,
+              offset, cap, scale, SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr,
+              UPCAST: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """Key tile ``kb`` read for the query tile ``q``: ``(k, v, base-2 scores, d mod / d s)``."""
+    j = kb * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols_ok = j < S
+    k = load_tile(K, j, cols_ok, sks, D, d, True, EVEN_D)
+    v = load_tile(V, j, cols_ok, svs, DV, dv, True, EVEN_D)
+    s, dmod = _tile(q, k, h, i, j, rows_ok, cols_ok, slot, KEEP, SLOPES, offset, cap, scale,
+                    SCORE_MOD, PRECISION, UPCAST, BLOCK_M, BLOCK_N, MASKED)
+    return k, v, s, dmod
+
+
+@triton.jit
 def _forward_step(q, K, V, m, l, acc, h, i, rows_ok, kb, slot, KEEP, SLOPES, sks, svs, S, D,
                   DV, d, dv, offset, cap, scale, SCORE_MOD: tl.constexpr,
                   PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
     """One key tile ``kb`` of the online softmax: the updated ``(m, l, acc)``."""
-    j = kb * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols_ok = j < S
-    k = load_tile(K, j, cols_ok, sks, D, d, True, EVEN_D)
-    v = load_tile(V, j, cols_ok, svs, DV, dv, True, EVEN_D)
-    s, _ = _tile(q, k, h, i, j, rows_ok, cols_ok, slot, KEEP, SLOPES, offset, cap, scale,
-                 SCORE_MOD, PRECISION, UPCAST, BLOCK_M, BLOCK_N, MASKED)
+    _, v, s, _ = _key_tile(q, K, V, h, i, rows_ok, kb, slot, KEEP, SLOPES, sks, svs, S, D, DV,
+                           d, dv, offset, cap, scale, SCORE_MOD, PRECISION, UPCAST, EVEN_D,
+                           BLOCK_M, BLOCK_N, MASKED)
     m_new = tl.maximum(m, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.math.exp2(s - m_safe[:, None])
@@ -135,12 +147,9 @@ def _dq_step(dq, q, do, lse, delta, K, V, h, i, rows_ok, kb, slot, KEEP, SLOPES,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
     """``dq`` plus key tile ``kb``'s share."""
-    j = kb * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols_ok = j < S
-    k = load_tile(K, j, cols_ok, sks, D, d, True, EVEN_D)
-    v = load_tile(V, j, cols_ok, svs, DV, dv, True, EVEN_D)
-    s, dmod = _tile(q, k, h, i, j, rows_ok, cols_ok, slot, KEEP, SLOPES, offset, cap, scale,
-                    SCORE_MOD, PRECISION, UPCAST, BLOCK_M, BLOCK_N, MASKED)
+    k, v, s, dmod = _key_tile(q, K, V, h, i, rows_ok, kb, slot, KEEP, SLOPES, sks, svs, S, D,
+                              DV, d, dv, offset, cap, scale, SCORE_MOD, PRECISION, UPCAST,
+                              EVEN_D, BLOCK_M, BLOCK_N, MASKED)
     p = tl.math.exp2(s - lse[:, None])
     ds = p * (matmul(do, tl.trans(v), PRECISION, UPCAST) - delta[:, None])
     if SCORE_MOD == 2:
