@@ -21,6 +21,13 @@ def png_size(path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+def sized(path, asked: tuple[int, int]) -> bool:
+    """The PNG has the asked size, or is grown by at most a quarter to hold texts that would
+    run off an edge (plots.save never crops)."""
+    got = png_size(path)
+    return all(a <= g <= a * 1.25 for g, a in zip(got, asked, strict=True))
+
+
 @pytest.fixture(scope="module")
 def captured():
     model, run = build("seq2seq")
@@ -33,21 +40,21 @@ def test_head_heatmap_has_the_asked_size(tmp_path, captured):
     labels = [f"tok{i}" for i in range(9)]
     p = qi.plot_head(captured, tmp_path / "head.png", layer="encoder_blocks.1.self_attn", head=2,
                      q_tokens=labels, figsize=(5, 4), dpi=80)  # fmt: skip
-    assert png_size(p) == (400, 320) and p.stat().st_size > 5_000
+    assert sized(p, (400, 320)) and p.stat().st_size > 5_000
 
 
 def test_grid_alignment_rollout_positions_masks(tmp_path, captured):
     grid = qi.plot_grid(captured, tmp_path / "grid.png", cell=1.0, dpi=50)
-    assert png_size(grid) == (3 * 50 + 30, 6 * 50)  # 3 heads × 6 layers, 1 inch each + bar
+    assert sized(grid, (3 * 50 + 30, 6 * 50))  # 3 heads × 6 layers, 1 inch each + bar
     align = qi.plot_alignment(captured, tmp_path / "a.png", src_tokens=list("abcdefghi"),
                               tgt_tokens=list("ABCDEFG"), figsize=(6, 5), dpi=50)  # fmt: skip
-    assert png_size(align) == (300, 250)
+    assert sized(align, (300, 250))
     roll = qi.plot_rollout(captured, tmp_path / "r.png", figsize=(4, 4), dpi=50)
-    assert png_size(roll) == (200, 200)
+    assert sized(roll, (200, 200))
     pos = qi.plot_positions(tmp_path / "pos.png", max_len=50, d_model=32, figsize=(6, 3), dpi=60)
-    assert png_size(pos) == (360, 180)
+    assert sized(pos, (360, 180))
     masks = qi.plot_masks(tmp_path / "m.png", length=6, lengths=(6, 3), dpi=40)
-    assert png_size(masks) == (int(2.4 * 5 * 40), int(2.8 * 40))  # 5 panels
+    assert sized(masks, (int(2.4 * 5 * 40), int(2.8 * 40)))  # 5 panels
     for p in (grid, align, roll, pos, masks):
         assert p.stat().st_size > 2_000, p
 
@@ -69,7 +76,7 @@ def test_thousands_of_tokens_are_block_averaged_quickly(tmp_path):
     start = time.perf_counter()
     p = qi.plot_head(w, tmp_path / "big.png", figsize=(6, 6), dpi=60)
     elapsed = time.perf_counter() - start
-    assert png_size(p) == (360, 360) and elapsed < 10, f"{elapsed:.1f} s"
+    assert sized(p, (360, 360)) and elapsed < 10, f"{elapsed:.1f} s"
 
 
 @pytest.mark.parametrize(("T", "S", "R", "C"), [(7, 5, 3, 2), (113, 203, 16, 50), (4, 4, 9, 9)])

@@ -21,16 +21,34 @@ PIECES = [("Ġ" if i % 3 else "") + ["the", "quick", "brown", "fox", "jumps", "o
 @pytest.fixture
 def drawn(monkeypatch):
     """Record every Figure the plot modules save (they still write their PNG)."""
-    figs = []
+    figs, paths = [], []
     real = plots.save
 
     def spy(fig, path):
         figs.append(fig)
-        return real(fig, path)
+        paths.append(real(fig, path))
+        return paths[-1]
 
     for module in (plots, figures, analysis_plots, alignment):
         monkeypatch.setattr(module, "save", spy)
-    return figs
+    yield figs
+    for fig, path in zip(figs, paths, strict=True):  # what was written holds every text
+        assert_texts_saved(fig, path)
+
+
+def assert_texts_saved(fig, path):
+    """Every visible text of ``fig`` (titles, axis and colour-bar labels, ticks) lies within
+    the PNG written (issue 27: a colour-bar label ran off a one-row grid, an axis label off
+    the logit lens): the file covers the figure and the box of all its texts."""
+    renderer = fig.canvas.get_renderer()
+    w, h = fig.get_size_inches()
+    tight = fig.get_tightbbox(renderer)  # inches, texts included
+    need_w = max(w, tight.x1) - min(0.0, tight.x0)
+    need_h = max(h, tight.y1) - min(0.0, tight.y0)
+    head = path.read_bytes()[16:24]  # the PNG's IHDR width and height
+    got = (int.from_bytes(head[:4], "big"), int.from_bytes(head[4:], "big"))
+    want = (need_w * fig.dpi, need_h * fig.dpi)
+    assert all(g >= x - 2 for g, x in zip(got, want, strict=True)), (path.name, got, want)
 
 
 def sink_weights(B: int, H: int, Tq: int, S: int, seed: int, causal: bool) -> torch.Tensor:

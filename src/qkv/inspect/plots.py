@@ -51,11 +51,25 @@ def new_figure(figsize: tuple[float, float], dpi: int):
 
 
 def save(fig, path: str | os.PathLike) -> Path:
-    """Write ``fig`` as PNG at its own size (no tight bounding box: sizes stay predictable),
-    atomically."""
+    """Write ``fig`` as PNG at its own size, atomically; grown (never cropped) to the
+    box of its texts where a label would run off an edge (a long colour-bar label on a
+    one-row grid, negative tick labels), so sizes stay predictable and nothing is cut."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=fig.dpi)
+    fig.savefig(buffer, format="png", dpi=fig.dpi, bbox_inches=saved_box(fig))
     return atomic_write(path, buffer.getvalue())
+
+
+def saved_box(fig):
+    """The area :func:`save` writes, in inches: the figure, grown to hold every text
+    (None: the figure as it is)."""
+    from matplotlib.transforms import Bbox
+
+    w, h = fig.get_size_inches()
+    full = Bbox.from_bounds(0, 0, w, h)
+    tight = fig.get_tightbbox(fig.canvas.get_renderer())
+    if tight is None or (tight.x0 >= 0 and tight.y0 >= 0 and tight.x1 <= w and tight.y1 <= h):
+        return None
+    return Bbox.union([full, tight])
 
 
 def display_labels(labels: Sequence[str] | None) -> list[str] | None:
@@ -277,11 +291,13 @@ def plot_alignment(
     figsize: tuple[float, float] = (7.0, 6.0),
     dpi: int = 100,
     max_cells: int = 256,
+    title: str | None = None,
 ) -> Path:
     """Encoder-decoder alignment: a cross-attention layer's weights averaged over heads.
 
     Args:
         layer: the cross-attention layer (default: the last captured one).
+        title: the figure's title (default: the layer and how many heads are averaged).
 
     Raises:
         ValueError: no cross-attention layer was captured.
@@ -297,7 +313,7 @@ def plot_alignment(
     return plot_head(m, path, q_tokens=tgt_tokens, k_tokens=src_tokens, figsize=figsize,
                      dpi=dpi, max_cells=max_cells, axis_names=("target token", "source token"),
                      colorbar_label=f"cross-attention weight (mean of {heads} heads)",
-                     title=f"alignment: {name}, mean of {heads} heads")  # fmt: skip
+                     title=title or f"alignment: {name}, mean of {heads} heads")  # fmt: skip
 
 
 def rollout(cap: Captured, layers: Sequence[str] | None = None, batch: int = 0) -> Tensor:
