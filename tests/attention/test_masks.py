@@ -139,3 +139,10 @@ def test_check_reports_each_problem():
     report = masks.check(f, 4, 6)
     assert "1 NaN entries" in str(report) and "+inf" in str(report) and report.dead_rows == 1
     assert "must be a torch.Tensor" in str(masks.check([1, 2], 4, 6))
+    # issue 27: torch's polarity (True = hide) only read as "1 query row(s) see no key"
+    for T, S in ((5, 5), (4, 6)):
+        for align in ("top-left", "bottom-right"):
+            report = masks.check(~masks.causal(T, S, align=align), T, S)
+            assert "inverted causal mask" in str(report) and "from_mha" in str(report), report
+    assert "inverted" not in str(masks.check(masks.causal(5, 5), 5, 5))
+    assert "inverted" not in str(masks.check(torch.rand(5, 5) > 0.5, 5, 5))

@@ -88,4 +88,20 @@ def check(
         warnings.append(
             f"{dead} query row(s) see no key; attention gives them zero output and weights"
         )
+    if mask.dtype == torch.bool and _inverted_causal(mask, T, S):
+        warnings.append(
+            "this looks like an inverted causal mask (True above the diagonal): qkv's bool "
+            "masks say True = may attend, torch.nn.MultiheadAttention's True = hide; pass "
+            "~mask, or convert with qkv.masks.from_mha"
+        )
     return MaskReport(problems=problems, warnings=warnings, dead_rows=dead)
+
+
+def _inverted_causal(mask: Tensor, T: int, S: int) -> bool:
+    """Whether a bool mask keeps exactly the keys after each query (top-left or bottom-right
+    diagonal): the torch.nn.MultiheadAttention polarity of a causal mask."""
+    if T < 2 or S < 2 or mask.shape[-2:] != (T, S):
+        return False
+    i = torch.arange(T, device=mask.device)[:, None]
+    j = torch.arange(S, device=mask.device)[None, :]
+    return any(bool((mask == (j > i + shift)).all()) for shift in {0, S - T})
