@@ -160,3 +160,28 @@ def test_patching_plots(tmp_path):
         qi.plot_patching(heads, tmp_path / "x.png", kind="layer")
     with pytest.raises(ValueError, match="col_ticks must have 3 labels"):
         qi.plot_patching(heads[:, :3], tmp_path / "x.png", tokens=["a"] * 7, kind="position")
+
+
+@pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2", "llama"])
+def test_cells_share_forward_passes_and_give_the_one_by_one_numbers(make, monkeypatch):
+    """Issue 27 (a learner's notebook): 150 cells of SmolLM2 were 150 forward passes, 28 s.
+    Up to CELLS_PER_RUN cells now ride one pass (the batch repeated, each copy patched at
+    its own cell); the grid equals one pass per cell."""
+    from qkv.inspect import patching
+
+    model = make()
+    clean, corrupted = _pair()
+    calls = []
+    handle = model.register_forward_pre_hook(lambda m, a: calls.append(a[0].shape[0]))
+    together = qi.patch_residual(model, clean, corrupted, metric, where="mid")
+    heads = qi.patch_heads(model, clean, corrupted, metric, position=P)
+    L, B = len(model.blocks), clean.shape[0]
+    assert calls[1:L + 1] == [7 * B] * L, calls  # after the clean run: one pass per block
+    monkeypatch.setattr(patching, "CELLS_PER_RUN", 1)
+    calls.clear()
+    alone = qi.patch_residual(model, clean, corrupted, metric, where="mid")
+    handle.remove()
+    assert len(calls) == 1 + L * 7
+    assert_close(together, alone, atol=1e-6, name="batched vs one cell a pass")
+    assert_close(heads, qi.patch_heads(model, clean, corrupted, metric, position=P), atol=1e-6,
+                 name="heads, batched vs one a pass")
