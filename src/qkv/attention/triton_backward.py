@@ -18,6 +18,7 @@ import triton.language as tl
 
 from qkv.attention.triton_kernels import (
     key_spans,
+    key_tile,
     load_tile,
     matmul,
     packed_rows,
@@ -37,17 +38,12 @@ def _dq_span(
     BLOCK_DV: tl.constexpr,
 ):
     """``dq += Σ dS·K`` over key tiles ``[start, end)``."""
-    d = tl.arange(0, BLOCK_D)
-    dv = tl.arange(0, BLOCK_DV)
     for j0 in range(start, end, BLOCK_N):
-        j = j0 + tl.arange(0, BLOCK_N)
-        cols_ok = j < S
-        k = load_tile(K_at, j, cols_ok, sks, D, d, EDGE, EVEN_D)
-        v = load_tile(V_at, j, cols_ok, svs, DV, dv, EDGE, EVEN_D)
-        s, keep = tile_scores(
-            q, k, b, h, i, j, rows_ok, cols_ok, M, SLOPES, KEEP, smb, smh, smt, sms,
-            H, T, S, scale, causal, window, alibi_shift,
+        k, v, s, keep = key_tile(
+            q, K_at, V_at, j0, S, b, h, i, rows_ok, M, SLOPES, KEEP, sks, svs,
+            smb, smh, smt, sms, H, T, S, D, DV, scale, causal, window, alibi_shift,
             MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, HAS_DROPOUT, PRECISION, UPCAST, EDGE,
+            EVEN_D, BLOCK_N, BLOCK_D, BLOCK_DV,
         )
         p = tl.math.exp2(s - lse[:, None])
         dp = matmul(do, tl.trans(v), PRECISION, UPCAST)

@@ -165,6 +165,29 @@ def key_spans(i_lo, i_hi, lo, hi, causal, window, IS_CAUSAL: tl.constexpr,
 
 
 @triton.jit
+def key_tile(
+    q, K_at, V_at, j0, cols_end, b, h, i, rows_ok, M, SLOPES, KEEP, sks, svs,
+    smb, smh, smt, sms, H, T, S, D, DV, scale, causal, window, alibi_shift,
+    MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, EDGE: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    """The key tile at ``j0`` (keys below ``cols_end``) for the query rows ``q``:
+    ``(k, v, base-2 scores, dropout keep tile)`` (see :func:`tile_scores`)."""
+    j = j0 + tl.arange(0, BLOCK_N)
+    cols_ok = j < cols_end
+    k = load_tile(K_at, j, cols_ok, sks, D, tl.arange(0, BLOCK_D), EDGE, EVEN_D)
+    v = load_tile(V_at, j, cols_ok, svs, DV, tl.arange(0, BLOCK_DV), EDGE, EVEN_D)
+    s, keep = tile_scores(
+        q, k, b, h, i, j, rows_ok, cols_ok, M, SLOPES, KEEP, smb, smh, smt, sms,
+        H, T, S, scale, causal, window, alibi_shift,
+        MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, HAS_DROPOUT, PRECISION, UPCAST, EDGE,
+    )
+    return k, v, s, keep
+
+
+@triton.jit
 def _forward_span(
     acc, l, m, q, K_at, V_at, start, end, cols_end, b, h, i, rows_ok, M, SLOPES, KEEP,
     sks, svs, smb, smh, smt, sms, H, T, S, D, DV, scale, causal, window, alibi_shift,
@@ -175,17 +198,12 @@ def _forward_span(
     BLOCK_DV: tl.constexpr,
 ):
     """The online softmax over key tiles ``[start, end)``: updated ``(acc, l, m)``."""
-    d = tl.arange(0, BLOCK_D)
-    dv = tl.arange(0, BLOCK_DV)
     for j0 in range(start, end, BLOCK_N):
-        j = j0 + tl.arange(0, BLOCK_N)
-        cols_ok = j < cols_end
-        k = load_tile(K_at, j, cols_ok, sks, D, d, EDGE, EVEN_D)
-        v = load_tile(V_at, j, cols_ok, svs, DV, dv, EDGE, EVEN_D)
-        s, keep = tile_scores(
-            q, k, b, h, i, j, rows_ok, cols_ok, M, SLOPES, KEEP, smb, smh, smt, sms,
-            H, T, S, scale, causal, window, alibi_shift,
+        _, v, s, keep = key_tile(
+            q, K_at, V_at, j0, cols_end, b, h, i, rows_ok, M, SLOPES, KEEP, sks, svs,
+            smb, smh, smt, sms, H, T, S, D, DV, scale, causal, window, alibi_shift,
             MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, HAS_DROPOUT, PRECISION, UPCAST, EDGE,
+            EVEN_D, BLOCK_N, BLOCK_D, BLOCK_DV,
         )
         m_new = tl.maximum(m, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # dead so far: exps give 0

@@ -126,8 +126,10 @@ def _sweep(model: nn.Module, inputs: tuple, name: str, clean: Tensor, cells: lis
     B = inputs[0].shape[0]
     one_by_one = bool(kwargs) or any(t.shape[0] != B for t in inputs)
     out: list[float] = []
-    for start in range(0, len(cells), 1 if one_by_one else CELLS_PER_RUN):
+    start = 0
+    while start < len(cells):
         chunk = cells[start : start + (1 if one_by_one else CELLS_PER_RUN)]
+        start += len(chunk)
         K = len(chunk)
         big = tuple(t.repeat(K, *([1] * (t.dim() - 1))) for t in inputs)
 
@@ -141,7 +143,8 @@ def _sweep(model: nn.Module, inputs: tuple, name: str, clean: Tensor, cells: lis
         output = _patched_run(model, big, name, patch, kwargs)
         if isinstance(output, Tensor) and output.shape[:1] == (K * B,):
             out += [run_metric(metric, output[k * B : (k + 1) * B]) for k in range(K)]
-        else:  # not a batch-first tensor: the metric needs whole outputs, one run each
+        else:  # not a batch-first tensor: the metric needs whole outputs, one run a cell
+            one_by_one = True
             out += [run_metric(metric, _patched_run(
                 model, inputs, name, lambda v, i=index: _replace(v, clean, i), kwargs))
                 for index in chunk]
