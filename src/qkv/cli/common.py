@@ -91,18 +91,19 @@ def fail(err: BaseException | str | object) -> typer.Exit:
     so the failure is always one line; an empty message prints the exception's type. The
     message is printed as text: rich markup in it (``[/such]``) is shown, not interpreted.
     """
-    message = " ".join(str(err).split()) or type(err).__name__
-    Console(stderr=True, highlight=False, soft_wrap=True).print(
-        f"[red]error:[/red] {escape(message)}", markup=True
-    )
+    _stderr_line("[red]error:[/red] ", " ".join(str(err).split()) or type(err).__name__)
     return typer.Exit(2)
 
 
 def warn(message: str, *, prefix: str = "warning: ") -> None:
     """Print ``<prefix><message>`` as one line on stderr (the message printed as text)."""
-    line = " ".join(message.split())
+    _stderr_line(f"[yellow]{escape(prefix)}[/yellow]" if prefix else "", message)
+
+
+def _stderr_line(label: str, message: str) -> None:
+    """``label`` (rich markup) then ``message`` as text, whitespace collapsed: one line."""
     Console(stderr=True, highlight=False, soft_wrap=True).print(
-        f"[yellow]{escape(prefix)}[/yellow]{escape(line)}" if prefix else escape(line)
+        label + escape(" ".join(message.split())), markup=True
     )
 
 

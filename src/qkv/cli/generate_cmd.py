@@ -65,10 +65,6 @@ class Quantize(str, Enum):
     int4 = "int4"
 
 
-# --max-new-tokens of a language model when not given (room permitting), as in qkv chat
-DECODER_DEFAULT_TOKENS = LM_NEW_TOKENS
-
-
 @dataclass(frozen=True)
 class Source:
     """Where the model comes from: ``kind`` is ``"checkpoint"`` (a folder) or ``"pretrained"``
@@ -241,9 +237,8 @@ def generate_from_bundle(
     beam = options.pop("beam_size", None)
     out = []
     for prompt in prompts:
-        inputs: Any = [{"role": "user", "content": prompt}] if use_chat else prompt
-        ids = bundle.prompt_ids(inputs, chat=use_chat)
-        n = max_new_tokens or default_new_tokens(limit, len(ids), DECODER_DEFAULT_TOKENS)
+        ids = bundle.prompt_ids(prompt, chat=use_chat)
+        n = max_new_tokens or default_new_tokens(limit, len(ids), LM_NEW_TOKENS)
         if beam is None:
             out.append(bundle.generate(ids, n, **options))
             continue
@@ -410,7 +405,7 @@ def stream_from_bundle(
         if len(prompts) > 1:
             print(("\n" if i else "") + f"> {prompt}", flush=True)
         ids = bundle.prompt_ids(prompt, chat=use_chat)
-        n = max_new_tokens or default_new_tokens(limit, len(ids), DECODER_DEFAULT_TOKENS)
+        n = max_new_tokens or default_new_tokens(limit, len(ids), LM_NEW_TOKENS)
         start, pieces, tokens = time.perf_counter(), [], []
         for piece in bundle.stream(ids, n, counter=tokens, **options):
             pieces.append(piece)
