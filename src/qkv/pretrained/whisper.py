@@ -28,8 +28,8 @@ Weights are stored in float16 and computed in float32.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,10 @@ from qkv.pretrained import audio as audio_mod
 from qkv.pretrained.ct2_reader import CT2File, read_ct2
 from qkv.pretrained.errors import require
 from qkv.pretrained.tokenizer import PretrainedTokenizer
+from qkv.pretrained.transcript import Transcript
+from qkv.pretrained.transcript_options import TranscribeOptions
+from qkv.pretrained.whisper_decode import Vocab
+from qkv.pretrained.whisper_longform import transcribe_all
 from qkv.pretrained.weights import Entry, check_entries, load_entries, skip_init
 
 __all__ = ["SpeechBundle", "load_whisper_bundle", "load_whisper_ct2", "whisper_entries"]
@@ -367,6 +371,49 @@ class SpeechBundle:
                                max_new_tokens=max_new_tokens, compile=compile)  # fmt: skip
             texts += [t for t in (self.text(r) for r in rows) if t]
         return " ".join(texts)
+
+    @property
+    def vocab(self) -> Vocab:
+        """The special ids the timestamp rules need (from the tokenizer) and the bans."""
+        ids = {w: self.tokenizer.token_to_id(f"<|{w}|>") for w in
+               ("endoftext", "startoftranscript", "startofprev", "nocaptions", "notimestamps")}
+        return Vocab(ids["endoftext"], ids["startoftranscript"], ids["startofprev"],
+                     ids["nocaptions"], ids["notimestamps"], self.suppress,
+                     self.suppress_first)  # fmt: skip
+
+    def decode_text(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` as decoded (leading space kept; special and timestamp tokens
+        dropped)."""
+        eos = self.config.eos_id
+        return self.tokenizer.decode([i for i in ids if eos is None or i < eos])
+
+    def transcripts(self, audios: Sequence[object], options: TranscribeOptions | None = None,
+                    **changes: Any) -> Iterator[Transcript]:  # fmt: skip
+        """Long-form transcription with timestamps of each of ``audios``, in input order.
+
+        Args:
+            audios: paths (WAV/FLAC/OGG, any rate) or 1-D float arrays at 16 kHz.
+            options: a :class:`~qkv.pretrained.transcript_options.TranscribeOptions`
+                (default: openai-whisper's); ``changes`` replace its fields (e.g.
+                ``word_timestamps=True, batch_size=4``).
+
+        Yields:
+            one :class:`~qkv.pretrained.transcript.Transcript` per input, as soon as it and
+            every earlier one are done.
+
+        Raises:
+            ValueError: a bad option; as :meth:`transcribe` for bad audio.
+        """
+        o = replace(options or TranscribeOptions(), **changes)
+        if o.word_timestamps and not self.alignment_heads:
+            raise ValueError(f"word_timestamps=True needs the model's alignment heads; "
+                             f"{self.name} declares none (config.json alignment_heads)")
+        return transcribe_all(self, list(audios), o)
+
+    def transcript(self, audio: object, options: TranscribeOptions | None = None,
+                   **changes: Any) -> Transcript:  # fmt: skip
+        """:meth:`transcripts` of one recording."""
+        return next(iter(self.transcripts([audio], options, **changes)))
 
     @torch.no_grad()
     def stream(self, audio: object, *, max_new_tokens: int = 224) -> Iterator[str]:
