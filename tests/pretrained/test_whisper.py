@@ -198,21 +198,12 @@ def test_stream_and_beam_search_agree_with_greedy(clips, bundle):
 
 
 def test_compiled_transcription_equals_eager(clips, bundle):
-    """A static cache with the steps after the prompt through torch.compile: the same text,
-    from Python and from ``qkv transcribe --compile``; beam search is refused."""
-    from typer.testing import CliRunner
-
-    from qkv.cli.app import app
-
+    """A static cache with the steps after the prompt through torch.compile (fixed windows,
+    no timestamps): the same text; beam search is refused."""
     text = bundle.transcribe(clips[0])
     assert bundle.transcribe(clips[0], compile=True) == text
     with pytest.raises(ValueError, match="does not serve beam search"):
         bundle.transcribe(clips[0], beam_size=2, compile=True)
-    result = CliRunner().invoke(app, ["transcribe", str(clips[0]), "--compile"])
-    assert result.exit_code == 0, result.output
-    assert result.stdout.strip() == text
-    bad = CliRunner().invoke(app, ["transcribe", str(clips[0]), "--compile", "--beam-size", "2"])
-    assert bad.exit_code != 0 and "--compile" in bad.output and "Traceback" not in bad.output
 
 
 def test_audio_longer_than_30s_is_transcribed_window_by_window(clips, bundle):

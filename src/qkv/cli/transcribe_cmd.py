@@ -1,10 +1,19 @@
 """``qkv transcribe FILE...``: speech to text with Whisper tiny.en (or any CTranslate2 Whisper
-folder), offline.
+folder), offline; subtitles and JSON files too.
 
-Each file is read at its own sample rate, resampled to 16 kHz and decoded 30 s window by
-window (:meth:`qkv.pretrained.whisper.SpeechBundle.transcribe`). On a terminal the words appear
-as they are decoded (greedy); piped, each file's text is printed once. ``--align PNG`` draws
-the cross-attention alignment of the tokens against audio time (first 30 s window).
+The files are transcribed by :meth:`qkv.pretrained.whisper.SpeechBundle.transcripts`
+(``--batch-size`` of them at a time, 30 s window by window), each printed as soon as it is
+done, in the order given: its text (after its name when there are several), or with
+``--json`` one JSON object per line (``{"file", "text", "segments"}``). On a terminal, one
+file decoded greedily without ``--json`` or ``--format`` is printed segment by
+segment as it is decoded (:meth:`~qkv.pretrained.whisper.SpeechBundle.segments`).
+
+``--format srt,vtt`` (any of txt, srt, vtt, json, or all) also writes each file's transcript
+to ``<--out>/<audio stem>.<format>`` (:mod:`qkv.pretrained.subtitles`), atomically; the
+paths written are listed on stderr. Everything that can be refused (a missing file, an
+unknown format, two files with one stem, an ``--out`` under a file) is refused before the
+model is loaded. ``--align PNG`` draws the cross-attention alignment of the tokens against
+audio time (first 30 s window).
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from qkv.cli.inputs import read_items
 from qkv.cli.outputs import print_jsonl
 from qkv.cli.progress import Stages
 
-__all__ = ["align_path", "command"]
+__all__ = ["align_path", "command", "output_paths", "parse_formats"]
 
 NAME = "transcribe"
 
@@ -58,6 +67,114 @@ def _align(bundle, audio: Path, png: Path) -> Path:
                                      f"{len(heads or [])} alignment heads averaged")  # fmt: skip
 
 
+def parse_formats(spec: str) -> tuple[str, ...]:
+    """The formats of ``--format``: comma-separated names of
+    :data:`qkv.pretrained.subtitles.FORMATS`, or ``all``, in the order given, each once.
+
+    Raises:
+        ValueError: an unknown name, or none, naming ``--format``.
+    """
+    from qkv.pretrained.subtitles import FORMATS
+
+    names = [n.strip().lower() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in (*FORMATS, "all")]
+    if unknown or not names:
+        what = f"unknown format {unknown[0]!r}" if unknown else "no format named"
+        raise ValueError(f"--format {spec!r}: {what}; expected {', '.join(FORMATS)} or all "
+                         "(several: --format srt,vtt)")  # fmt: skip
+    chosen = [f for n in names for f in (FORMATS if n == "all" else (n,))]
+    return tuple(dict.fromkeys(chosen))
+
+
+def output_paths(files: list[Path], formats: tuple[str, ...], folder: Path) -> list[list[Path]]:
+    """Each file's outputs, ``<folder>/<audio stem>.<format>`` per format, in order.
+
+    Returns:
+        one list of paths per file (empty lists when ``formats`` is empty).
+
+    Raises:
+        ValueError: two files with one stem (they would write the same files), naming both.
+    """
+    seen: dict[str, Path] = {}
+    for file in files if formats else ():
+        other = seen.setdefault(file.stem, file)
+        if other is not file:
+            raise ValueError(f"--format: FILE {other} and FILE {file} would both write "
+                             f"{folder / file.stem}.{formats[0]}; transcribe them in separate "
+                             "runs with different --out folders")  # fmt: skip
+    return [[folder / f"{file.stem}.{fmt}" for fmt in formats] for file in files]
+
+
+def _out_folder(out: Path | None, formats: tuple[str, ...]) -> Path:
+    """Where ``--format`` writes: ``--out`` (checked, created later) or the current folder.
+
+    Raises:
+        ValueError: ``--out`` without ``--format``, or under a file.
+    """
+    if out is not None and not formats:
+        raise ValueError(f"--out {out} says where --format writes its files; add --format "
+                         "(txt, srt, vtt, json or all)")  # fmt: skip
+    if out is None or Path(out) == Path("."):
+        return Path(".")
+    return check_out_folder(out, "--out")
+
+
+def _check_align(align: Path | None) -> None:
+    """Refuse ``--align`` now, not after the transcription: a folder, or a path under a file."""
+    if align is None:
+        return
+    if align.is_dir():
+        raise ValueError(f"--align {align} is a folder; expected a .png file path")
+    if align.parent != Path("."):  # a PNG in the working folder is fine (--align hello.png)
+        check_out_folder(align.parent, "--align")
+
+
+def _check_files(files: list[Path]) -> None:
+    """Every audio path is a file (its contents are read later)."""
+    for file in files:
+        if not file.is_file():
+            what = "is a folder" if file.is_dir() else "does not exist"
+            raise FileNotFoundError(f"FILE {file} {what} (expected an audio file)")
+
+
+def _write(transcript, paths: list[Path], stderr: Console) -> None:
+    """``transcript`` rendered to each path (its format is its extension), atomically."""
+    from qkv.inspect.files import atomic_write
+    from qkv.pretrained.subtitles import render
+
+    for path in paths:
+        written = atomic_write(path, render(transcript, path.suffix[1:]))
+        stderr.print(f"wrote {escape(str(written))}")
+
+
+def _stream(console: Console, bundle, file: Path, options: dict) -> None:
+    """Print ``file``'s segments as they are decided (the first one without its space)."""
+    shown = False
+    for segment in bundle.segments(file, **options):
+        text = segment.text if shown else segment.text.lstrip()
+        if text:
+            console.print(escape(text), end="")
+            sys.stdout.flush()
+            shown = True
+    console.print()
+
+
+def _print(console: Console, file: Path, transcript, *, as_json: bool, several: bool) -> None:
+    """stdout: ``transcript``'s text (after ``file``'s name when several) or one JSON line."""
+    if as_json:
+        print_jsonl([{"file": str(file), "text": transcript.text,
+                      "segments": transcript.to_dict()["segments"]}])  # fmt: skip
+    else:
+        console.print((f"{escape(str(file))}: " if several else "") + escape(transcript.text))
+
+
+def _draw(stages: Stages, stderr: Console, bundle, file: Path, png: Path) -> None:
+    """``--align``: the alignment of ``file``'s first window drawn to ``png``."""
+    with stages.stage("drawing the alignment"):
+        written = _align(bundle, file, png)
+    stderr.print(f"alignment: {escape(str(written))}")
+
+
 def command(
     files: Annotated[list[Path] | None, typer.Argument(
         help="Audio files (WAV, FLAC, OGG; any rate).", show_default=False,
@@ -71,6 +188,23 @@ def command(
         "--max-new-tokens", "-n", min=1, help="Most tokens per 30 s window of audio "
         "(Whisper's own default: half its 448 positions).",
     )] = SPEECH_NEW_TOKENS,
+    formats: Annotated[str | None, typer.Option(
+        "--format", "-f", show_default=False, help="Also write each file's transcript as "
+        "<--out>/<audio stem>.<format>: txt, srt, vtt, json, comma-separated, or all.",
+    )] = None,
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out", "-o", show_default=False,
+        help="The folder --format writes into (created if missing) \\[default: the current "
+        "folder].",
+    )] = None,
+    word_timestamps: Annotated[bool, typer.Option(
+        "--word-timestamps", metavar=FLAG,
+        help="Time every word too (in --json and the json format).",
+    )] = False,
+    batch_size: Annotated[int, typer.Option(
+        "--batch-size", "-b", min=1, help="Files transcribed together (their 30 s windows "
+        "decoded in one batch).",
+    )] = 1,
     align: Annotated[Path | None, typer.Option(
         "--align", help="Write the cross-attention alignment (tokens x seconds) to this PNG.",
     )] = None,
@@ -79,68 +213,57 @@ def command(
         show_default=False,
     )] = None,
     as_json: Annotated[bool, typer.Option(
-        "--json", metavar=FLAG,
-        help="Print one JSON object per file ({\"file\", \"text\"}), one per line.",
-    )] = False,
-    compile: Annotated[bool, typer.Option(
-        "--compile", metavar=FLAG,
-        help="A static KV cache and torch.compile for the decoding steps (the "
-        "first file compiles; needs a C++ compiler, else eager; not with --beam-size).",
+        "--json", metavar=FLAG, help="Print one JSON object per file ({\"file\", \"text\", "
+        "\"segments\"}), one per line.",
     )] = False,
 ) -> None:
     """Transcribe speech to text, offline, with Whisper on qkv's attention.
 
+    With --format, each file's transcript is also written as subtitles (SRT, WebVTT), text
+    or JSON, one file per format, under --out.
+
     [bold]Example:[/bold] espeak-ng -w hello.wav "Hello world" && qkv transcribe hello.wav
     --align hello.png
 
-    [bold]Example:[/bold] ls *.wav | qkv transcribe --input - --json
+    [bold]Example:[/bold] qkv transcribe talk.wav interview.flac --format srt --out subs/
+    (writes subs/talk.srt and subs/interview.srt)
+
+    [bold]Example:[/bold] ls *.wav | qkv transcribe --input - --json --word-timestamps
     """
     from qkv import pretrained
     from qkv.pretrained.whisper import SpeechBundle
 
     console = Console(highlight=False, soft_wrap=True)
     stderr = Console(stderr=True, highlight=False)
-    beam_size, typed = beam_of(beam_size, beam)
+    beam_size, _ = beam_of(beam_size, beam)
     files = [Path(f) for f in read_items([str(f) for f in files or []], input_file,
                                          what="audio file")]  # fmt: skip
-    for file in files:
-        if not file.is_file():
-            what = "is a folder" if file.is_dir() else "does not exist"
-            raise FileNotFoundError(f"FILE {file} {what} (expected an audio file)")
-    if compile and beam_size is not None:
-        raise ValueError(f"--compile (a static KV cache) does not serve {typed} {beam_size}; "
-                         "drop one")  # fmt: skip
-    if align is not None:  # refused now, not after the transcription
-        if align.is_dir():
-            raise ValueError(f"--align {align} is a folder; expected a .png file path")
-        check_out_folder(align.parent, "--align")
+    _check_files(files)
+    chosen = parse_formats(formats) if formats is not None else ()
+    outputs = output_paths(files, chosen, _out_folder(out_dir, chosen))
+    _check_align(align)
     # Expected failures (ValueError, OSError, ...) become one line in common.guard.
     stages = Stages("transcribe")  # stderr: spinners on a terminal, a line per stage in a pipe
     with stages.stage(f"loading {model}"):
         bundle = pretrained.load(model)
     if not isinstance(bundle, SpeechBundle):
         raise ValueError(f"--model {model!r} is not a speech model (expected a Whisper folder)")
+    # beam_size only when asked: the default is greedy
+    options = {"word_timestamps": word_timestamps, "max_new_tokens": max_new_tokens,
+               **({"beam_size": beam_size} if beam_size is not None else {})}  # fmt: skip
     several = len(files) > 1
-    for n, file in enumerate(files, 1):
-        prefix = f"{escape(str(file))}: " if several else ""
-        doing = f"transcribing {file}" + (f" ({n}/{len(files)})" if several else "")
-        if as_json:
-            with stages.stage(doing):
-                text = bundle.transcribe(file, beam_size=beam_size, compile=compile,
-                                         max_new_tokens=max_new_tokens)  # fmt: skip
-            print_jsonl([{"file": str(file), "text": text}])
-        elif console.is_terminal and beam_size is None and not compile:
-            console.print(prefix, end="")
-            for piece in bundle.stream(file, max_new_tokens=max_new_tokens):
-                console.print(escape(piece), end="")
-                sys.stdout.flush()
-            console.print()
-        else:
-            with stages.stage(doing):
-                text = bundle.transcribe(file, beam_size=beam_size, compile=compile,
-                                         max_new_tokens=max_new_tokens)  # fmt: skip
-            console.print(prefix + escape(text))
+    if console.is_terminal and not several and beam_size is None and not as_json and not chosen:
+        _stream(console, bundle, files[0], options)
         if align is not None:
-            with stages.stage("drawing the alignment"):
-                written = _align(bundle, file, align_path(align, file, several))
-            stderr.print(f"alignment: {escape(str(written))}")
+            _draw(stages, stderr, bundle, files[0], align)
+        return
+    transcripts = iter(bundle.transcripts(files, batch_size=batch_size, **options))
+    for n, (file, paths) in enumerate(zip(files, outputs, strict=True), 1):
+        with stages.stage(f"transcribing {file}" + (f" ({n}/{len(files)})" if several else "")):
+            transcript = next(transcripts, None)  # decoded batch_size files at a time
+        if transcript is None:
+            raise RuntimeError(f"{model}: no transcript for {file} ({n - 1} for {len(files)})")
+        _print(console, file, transcript, as_json=as_json, several=several)
+        _write(transcript, paths, stderr)
+        if align is not None:
+            _draw(stages, stderr, bundle, file, align_path(align, file, several))

@@ -34,6 +34,8 @@ class TranscribeOptions:
             30 s window (``<|notimestamps|>``).
         word_timestamps: time every word from the cross-attention (dynamic time warping over
             the alignment heads).
+        trim_word_silence: narrow each timed word to the loud frames inside it (the
+            alignment gives a pause to the word before it); qkv's addition, off in upstream.
         condition_on_previous_text: the window's prompt holds the text decoded so far (the
             last 223 tokens); reset after a window decoded above temperature 0.5.
         temperatures: tried in order until a window passes the thresholds below.
@@ -41,6 +43,7 @@ class TranscribeOptions:
         logprob_threshold: below it (mean log-probability), a window failed (None: no test).
         no_speech_threshold: above it (``<|nocaptions|>`` probability), together with a mean
             log-probability under ``logprob_threshold``, a window is skipped as silence.
+        beam_size: beams at temperature 0 (None: greedy), as openai-whisper's beam search.
         best_of: samples per window at a temperature above 0 (the likeliest is kept).
         max_initial_timestamp: the latest first timestamp of a window, in seconds.
         max_new_tokens: the most tokens decoded per window.
@@ -50,11 +53,13 @@ class TranscribeOptions:
 
     timestamps: bool = True
     word_timestamps: bool = False
+    trim_word_silence: bool = True
     condition_on_previous_text: bool = True
     temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
     compression_ratio_threshold: float | None = 2.4
     logprob_threshold: float | None = -1.0
     no_speech_threshold: float | None = 0.6
+    beam_size: int | None = None
     best_of: int = 5
     max_initial_timestamp: float | None = 1.0
     max_new_tokens: int = 224
@@ -62,7 +67,8 @@ class TranscribeOptions:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("timestamps", "word_timestamps", "condition_on_previous_text"):
+        for name in ("timestamps", "word_timestamps", "trim_word_silence",
+                     "condition_on_previous_text"):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         temps = self.temperatures
@@ -82,6 +88,9 @@ class TranscribeOptions:
             value = getattr(self, name)
             if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.beam_size is not None and (not is_int(self.beam_size) or self.beam_size < 1):
+            raise ValueError(f"beam_size must be None (greedy) or an int >= 1, got "
+                             f"{self.beam_size!r}")  # fmt: skip
         if not is_int(self.seed):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
 

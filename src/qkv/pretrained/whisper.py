@@ -46,11 +46,11 @@ from qkv.pretrained import audio as audio_mod
 from qkv.pretrained.ct2_reader import CT2File, read_ct2
 from qkv.pretrained.errors import require
 from qkv.pretrained.tokenizer import PretrainedTokenizer
-from qkv.pretrained.transcript import Transcript
+from qkv.pretrained.transcript import Segment, Transcript
 from qkv.pretrained.transcript_options import TranscribeOptions
-from qkv.pretrained.whisper_decode import Vocab
-from qkv.pretrained.whisper_longform import transcribe_all
 from qkv.pretrained.weights import Entry, check_entries, load_entries, skip_init
+from qkv.pretrained.whisper_decode import Vocab
+from qkv.pretrained.whisper_longform import stream_segments, transcribe_all
 
 __all__ = ["SpeechBundle", "load_whisper_bundle", "load_whisper_ct2", "whisper_entries"]
 
@@ -404,11 +404,21 @@ class SpeechBundle:
         Raises:
             ValueError: a bad option; as :meth:`transcribe` for bad audio.
         """
+        return transcribe_all(self, list(audios), self._options(options, changes))
+
+    def segments(self, audio: object, options: TranscribeOptions | None = None,
+                 **changes: Any) -> Iterator[Segment]:  # fmt: skip
+        """One recording's segments as :meth:`transcripts` finds them, each yielded as soon
+        as its 30 s window is decoded (for printing while transcribing)."""
+        o = self._options(options, changes)
+        return stream_segments(self, audio, o)
+
+    def _options(self, options: TranscribeOptions | None, changes: dict) -> TranscribeOptions:
         o = replace(options or TranscribeOptions(), **changes)
         if o.word_timestamps and not self.alignment_heads:
             raise ValueError(f"word_timestamps=True needs the model's alignment heads; "
                              f"{self.name} declares none (config.json alignment_heads)")
-        return transcribe_all(self, list(audios), o)
+        return o
 
     def transcript(self, audio: object, options: TranscribeOptions | None = None,
                    **changes: Any) -> Transcript:  # fmt: skip

@@ -149,6 +149,56 @@ def _decode_group(model, memory: Tensor, prompts: Tensor, sot_index: int, vocab:
     return sampled, total, no_speech
 
 
+@torch.no_grad()
+def _beam_one(model, memory: Tensor, prompt: list[int], sot_index: int, vocab: Vocab,
+              o: TranscribeOptions, text_of) -> WindowResult:  # fmt: skip
+    """Beam search (``o.beam_size`` beams, openai-whisper's rules: each beam's best
+    ``beam_size + 1`` continuations compete, EOT-ended ones are kept until ``beam_size`` are
+    done; the best by log-probability per token wins) over one window ``memory (S, E)``."""
+    K, P = o.beam_size or 1, len(prompt)
+    steps = min(o.max_new_tokens, model.config.max_len - P)
+    mem = memory[None].expand(K, *memory.shape)  # (K, S, E)
+    cache = model.new_cache()
+    out = model.decode(torch.tensor([prompt] * K, device=memory.device), mem, cache=cache)
+    no_speech = float(out[0, sot_index].float().softmax(dim=-1)[vocab.no_speech])
+    logits, beams = out[:, -1].float(), [((), 0.0)] * K  # (K, V); (tokens, sum log-prob)
+    finished: dict[tuple[int, ...], float] = {}
+    max_initial = None if o.max_initial_timestamp is None else round(o.max_initial_timestamp / 0.02)
+    for step in range(steps):
+        sampled = torch.tensor([list(b[0]) for b in beams], dtype=torch.long)
+        sampled = sampled.reshape(len(beams), step)  # (K', t)
+        logprobs = apply_rules(logits, sampled, vocab, o.timestamps, max_initial).log_softmax(-1)
+        top, ids = logprobs.topk(K + 1, dim=-1)  # (K, K + 1)
+        scores: dict[tuple[int, ...], tuple[float, int]] = {}
+        for k in range(len(beams)):
+            for lp, tok in zip(top[k].tolist(), ids[k].tolist(), strict=True):
+                scores[(*beams[k][0], tok)] = (beams[k][1] + lp, k)
+        kept, ended = [], {}
+        for seq in sorted(scores, key=lambda s: scores[s][0], reverse=True):
+            if seq[-1] == vocab.eot:  # ranked above the K-th live beam: a candidate
+                ended[seq[:-1]] = scores[seq][0]
+            else:
+                kept.append(seq)
+                if len(kept) == K:
+                    break
+        for seq in sorted(ended, key=ended.get, reverse=True):
+            if len(finished) < K:
+                finished.setdefault(seq, ended[seq])
+        if len(finished) >= K or not kept:
+            break
+        beams = [(seq, scores[seq][0]) for seq in kept]
+        cache.reorder(torch.tensor([scores[seq][1] for seq in kept], device=memory.device))
+        last = torch.tensor([[seq[-1]] for seq in kept], device=memory.device)  # (K', 1)
+        mem = memory[None].expand(len(kept), *memory.shape)
+        logits = model.decode(last, mem, cache=cache)[:, -1].float()
+    for seq, total in beams:  # too few ended: the live beams count too
+        if len(finished) >= K:
+            break
+        finished.setdefault(seq, total)
+    best = max(finished, key=lambda s: finished[s] / max(1, len(s)))
+    return WindowResult(best, finished[best], no_speech, compression_ratio(text_of(best)), 0.0)
+
+
 def _result(row: Tensor, total: float, no_speech: float, temperature: float, vocab: Vocab,
             text_of) -> WindowResult:  # fmt: skip
     tokens = row.tolist()
@@ -164,9 +214,13 @@ def decode_windows(model, memory: Tensor, prompts: list[list[int]], vocab: Vocab
 
     Rows whose prompts have one length decode together; at ``temperature > 0`` each window
     is sampled ``o.best_of`` times and the candidate with the highest mean log-probability
-    per token is kept. ``text_of(tokens) -> str`` gives the text for the compression ratio.
+    per token is kept; at temperature 0 with ``o.beam_size``, each window is beam-searched.
+    ``text_of(tokens) -> str`` gives the text for the compression ratio.
     """
     results: list[WindowResult | None] = [None] * len(prompts)
+    if o.beam_size is not None and temperature == 0:
+        return [_beam_one(model, memory[i], p, p.index(vocab.sot), vocab, o, text_of)
+                for i, p in enumerate(prompts)]  # fmt: skip
     copies = o.best_of if temperature > 0 else 1
     for length in sorted({len(p) for p in prompts}):
         rows = [i for i, p in enumerate(prompts) if len(p) == length]

@@ -23,14 +23,16 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 
 import torch
+from torch import Tensor
 
 from qkv.pretrained import audio as audio_mod
 from qkv.pretrained.mel_frames import FeatureWindows
 from qkv.pretrained.transcript import Segment, Transcript
 from qkv.pretrained.transcript_options import TranscribeOptions
 from qkv.pretrained.whisper_decode import Vocab, WindowResult, decode_with_fallback
+from qkv.pretrained.word_times import speech_frames, time_words
 
-__all__ = ["Track", "transcribe_all"]
+__all__ = ["Track", "split_segments", "stream_segments", "transcribe_all"]
 
 TIME_STEP = 0.02  # seconds per timestamp token
 FRAME_STEP = audio_mod.HOP_LENGTH / audio_mod.SAMPLE_RATE  # 0.01 s per feature frame
@@ -55,6 +57,7 @@ class Track:
         self.tokens: list[int] = []  # every kept segment's tokens, for the prompt
         self.reset_since = 0  # the prompt uses self.tokens[reset_since:]
         self.segments: list[Segment] = []
+        self.last_speech = 0.0  # where the speech before the window ended (word timing)
 
     @property
     def done(self) -> bool:
@@ -106,9 +109,11 @@ def split_segments(tokens: Sequence[int], offset: float, frames: int, tb: int
     return out, move
 
 
-def _advance(track: Track, r: WindowResult, text_of, vocab: Vocab, o: TranscribeOptions,
-             words_of) -> None:  # fmt: skip
-    """Turn a window's decode into segments and move the track's window."""
+def _advance(bundle, track: Track, r: WindowResult, memory: Tensor, features: Tensor,
+             o: TranscribeOptions) -> None:  # fmt: skip
+    """Turn a window's decode (``memory (S, E)``: its encoder output; ``features (n_mels,
+    3000)``) into segments and move the track's window."""
+    text_of, vocab = bundle.decode_text, bundle.vocab
     frames = min(audio_mod.WINDOW_FRAMES, track.windows.frames - track.seek)
     offset = track.seek * FRAME_STEP
     if o.no_speech_threshold is not None and r.no_speech_prob > o.no_speech_threshold and not (
@@ -127,8 +132,10 @@ def _advance(track: Track, r: WindowResult, text_of, vocab: Vocab, o: Transcribe
             text, tokens = "", []
         segments.append(Segment(start, end, text, tuple(tokens), r.avg_logprob,
                                 r.no_speech_prob, r.compression_ratio, r.temperature))  # fmt: skip
-    if words_of is not None:
-        segments = words_of(segments, track, frames)
+    if o.word_timestamps:
+        speech = speech_frames(features, frames) if o.trim_word_silence else None
+        segments, track.last_speech = time_words(bundle, segments, memory, offset, frames,
+                                                 track.last_speech, speech)  # fmt: skip
     track.segments += [s for s in segments if s.text]
     track.tokens += [t for s in segments for t in s.tokens]
     if not o.condition_on_previous_text or r.temperature > 0.5:
@@ -136,13 +143,34 @@ def _advance(track: Track, r: WindowResult, text_of, vocab: Vocab, o: Transcribe
     track.seek += move
 
 
+def _step(bundle, tracks: list[Track], o: TranscribeOptions, generator: torch.Generator
+          ) -> None:  # fmt: skip
+    """Encode the tracks' current windows as one batch, decode them, move each track on."""
+    model = bundle.model
+    start = list(bundle.prompt[:-1] if o.timestamps else bundle.prompt)
+    feats = torch.stack([t.windows.window(t.seek) for t in tracks])  # (B, n_mels, F)
+    with torch.no_grad():
+        memory = model.encode(feats.to(model.conv1.weight))  # (B, S, E)
+    prompts = [t.prompt(start, bundle.vocab, o, model.config.max_len) for t in tracks]
+    results = decode_with_fallback(model, memory, prompts, bundle.vocab, o, bundle.decode_text,
+                                   generator)  # fmt: skip
+    for t, r, mem, f in zip(tracks, results, memory, feats, strict=True):
+        _advance(bundle, t, r, mem, f, o)
+
+
+def stream_segments(bundle, audio: object, o: TranscribeOptions) -> Iterator[Segment]:
+    """One recording's segments, each yielded once its window is decoded."""
+    track, generator = Track(audio, bundle.config.n_mels), torch.Generator().manual_seed(o.seed)
+    while not track.done:
+        shown = len(track.segments)
+        _step(bundle, [track], o, generator)
+        yield from track.segments[shown:]
+
+
 def transcribe_all(bundle, audios: Sequence[object], o: TranscribeOptions
                    ) -> Iterator[Transcript]:  # fmt: skip
     """Transcripts of ``audios`` in input order, ``o.batch_size`` recordings at a time."""
-    model, vocab = bundle.model, bundle.vocab
-    start = list(bundle.prompt[:-1] if o.timestamps else bundle.prompt)
     generator = torch.Generator().manual_seed(o.seed)
-    words_of = bundle.word_times if o.word_timestamps else None
     pending, active = deque(enumerate(audios)), []
     ready: dict[int, Transcript] = {}
     next_out = 0
@@ -150,18 +178,9 @@ def transcribe_all(bundle, audios: Sequence[object], o: TranscribeOptions
         while pending and len(active) < o.batch_size:
             i, audio = pending.popleft()
             active.append((i, Track(audio, bundle.config.n_mels)))
-        running = [(i, t) for i, t in active if not t.done]
+        running = [t for _, t in active if not t.done]
         if running:
-            feats = torch.stack([t.windows.window(t.seek) for _, t in running])  # (B, n_mels, F)
-            feats = feats.to(model.conv1.weight)
-            with torch.no_grad():
-                memory = model.encode(feats)  # (B, S, E)
-            prompts = [t.prompt(start, vocab, o, model.config.max_len) for _, t in running]
-            results = decode_with_fallback(model, memory, prompts, vocab, o, bundle.text,
-                                           generator)  # fmt: skip
-            for (_, t), r, feat in zip(running, results, feats, strict=True):
-                t.features = feat
-                _advance(t, r, bundle.text, vocab, o, words_of)
+            _step(bundle, running, o, generator)
         for i, t in [(i, t) for i, t in active if t.done]:
             ready[i] = t.transcript()
             active.remove((i, t))
