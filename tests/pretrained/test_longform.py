@@ -9,6 +9,7 @@ words placed at known times.
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -74,7 +75,7 @@ def _ours(transcript) -> list[tuple[float, float, str]]:
 
 def _compare(ours, theirs) -> None:
     assert [t for *_, t in ours] == [t for *_, t in theirs], (ours, theirs)
-    worst = max(max(abs(a[0] - b[0]), abs(a[1] - b[1])) for a, b in zip(ours, theirs))
+    worst = max(max(abs(a[0] - b[0]), abs(a[1] - b[1])) for a, b in zip(ours, theirs, strict=True))
     assert worst <= TIME_STEP + 1e-9, f"timestamps differ by {worst:.3f} s"
 
 
@@ -234,7 +235,7 @@ def spoken_words(tmp_path_factory):
     """Words spoken one at a time by espeak-ng, trimmed to where they sound, joined with
     0.15-0.6 s pauses: ``(samples, [(word, start, end)])``."""
     folder = tmp_path_factory.mktemp("words")
-    words = "the quick brown fox jumps over the lazy dog while seven small birds sing".split()
+    words = "the quick brown fox jumps over the lazy dog while seven small birds sing".split(" ")  # noqa: SIM905
     rng = np.random.default_rng(1)
     parts, at, truth = [np.zeros(8000, np.float32)], 8000, []
     for i, word in enumerate(words):
@@ -254,7 +255,7 @@ def test_word_times_are_within_bound_of_the_truth(spoken_words, bundle):
     words = transcript.words
     assert len(words) == len(truth), [w.text for w in words]
     errors = [(w.text, round(w.start - a, 2), round(w.end - b, 2))
-              for w, (_, a, b) in zip(words, truth)]  # fmt: skip
+              for w, (_, a, b) in zip(words, truth, strict=True)]  # fmt: skip
     worst = max(max(abs(s), abs(e)) for _, s, e in errors)
     assert worst <= WORD_BOUND, f"worst {worst:.2f} s: {errors}"
     assert all(0 < w.probability <= 1 for w in words)
@@ -269,4 +270,4 @@ def test_word_timestamps_leave_segments_text_alone(long_clip, bundle):
     assert [s.text for s in timed.segments] == [s.text for s in plain.segments]
     for s in timed.segments:
         assert "".join(w.text for w in s.words) == s.text, (s.text, s.words)
-        assert all(a.start <= a.end <= b.start + 1e-9 for a, b in zip(s.words, s.words[1:]))
+        assert all(a.start <= a.end <= b.start + 1e-9 for a, b in itertools.pairwise(s.words))
