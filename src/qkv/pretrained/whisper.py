@@ -348,7 +348,8 @@ class SpeechBundle:
 
     def transcribe(self, audio: object, *, beam_size: int | None = None, alpha: float = 0.0,
                    max_new_tokens: int = 224, compile: bool = False) -> str:  # fmt: skip
-        """The text spoken in ``audio``, window by window (30 s each), joined by spaces.
+        """The text spoken in ``audio``, window by window (fixed 30 s windows, no timestamps),
+        joined by spaces; :meth:`transcript` is the long-form path with timestamps.
 
         A file is read :data:`WINDOW_BATCH` windows at a time (:func:`~qkv.pretrained.audio.
         audio_windows`), so hours of audio take the memory of a few minutes.
