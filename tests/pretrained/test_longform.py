@@ -271,3 +271,34 @@ def test_word_timestamps_leave_segments_text_alone(long_clip, bundle):
     for s in timed.segments:
         assert "".join(w.text for w in s.words) == s.text, (s.text, s.words)
         assert all(a.start <= a.end <= b.start + 1e-9 for a, b in itertools.pairwise(s.words))
+
+
+# --- the command ----------------------------------------------------------------------------
+
+
+def test_transcribe_command_writes_subtitles_parsers_read(tmp_path, long_clip):
+    """``qkv transcribe`` on a real 40 s recording: SRT and WebVTT that pysrt and webvtt-py
+    read back with the transcript's cues, JSON with timed words, and the alignment figure."""
+    import pysrt
+    import webvtt
+    from typer.testing import CliRunner
+
+    from qkv.cli.app import app
+
+    sf = pytest.importorskip("soundfile")
+    wav = tmp_path / "talk.wav"
+    sf.write(str(wav), long_clip[: 16000 * 40], 16000)
+    subs, png = tmp_path / "subs", tmp_path / "talk.png"
+    result = CliRunner().invoke(app, ["transcribe", str(wav), "--format", "srt,vtt,json",
+                                      "--out", str(subs), "--word-timestamps",
+                                      "--align", str(png)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads((subs / "talk.json").read_text())
+    segments = [s for s in data["segments"] if s["text"].strip()]
+    assert len(segments) >= 2 and all(s["words"] for s in segments), data
+    cues = pysrt.open(str(subs / "talk.srt"))
+    assert [c.text for c in cues] == [s["text"].strip() for s in segments]
+    assert [c.start.ordinal for c in cues] == [round(s["start"] * 1000) for s in segments]
+    vtt = list(webvtt.read(str(subs / "talk.vtt")))
+    assert [c.text for c in vtt] == [c.text for c in cues]
+    assert png.stat().st_size > 10_000

@@ -49,7 +49,8 @@ def align_path(path: Path, audio: Path, several: bool) -> Path:
 
 
 def _align(bundle, audio: Path, png: Path) -> Path:
-    """Greedy tokens of the first window, teacher-forced under capture, drawn against time."""
+    """Greedy tokens of the first window, teacher-forced under capture, drawn against time,
+    with the window's words timed (word timestamps) marked."""
     from qkv.inspect.alignment import cross_attention_alignment, plot_time_alignment
     from qkv.pretrained import audio as audio_mod
 
@@ -61,7 +62,9 @@ def _align(bundle, audio: Path, png: Path) -> Path:
     matrix = cross_attention_alignment(bundle.model, features, tokens, heads)  # (T, S)
     labels = [bundle.tokenizer.decode([t]) for t in tokens]
     seconds = min(samples.shape[0] / audio_mod.SAMPLE_RATE, audio_mod.WINDOW_SECONDS)
-    return plot_time_alignment(matrix, png, tokens=labels, duration=seconds,
+    words = [(w.text, w.start, w.end) for w in
+             bundle.transcript(samples, word_timestamps=True).words]  # fmt: skip
+    return plot_time_alignment(matrix, png, tokens=labels, duration=seconds, words=words,
                                seconds_per_frame=audio_mod.FRAME_SECONDS,
                                title=f"{audio.name}: cross-attention, "
                                      f"{len(heads or [])} alignment heads averaged")  # fmt: skip

@@ -74,6 +74,7 @@ def plot_time_alignment(
     seconds_per_frame: float,
     duration: float | None = None,
     title: str = "cross-attention alignment",
+    words: Sequence[tuple[str, float, float]] = (),
     figsize: tuple[float, float] = (10.0, 6.0),
     dpi: int = 100,
 ) -> Path:
@@ -87,12 +88,16 @@ def plot_time_alignment(
         seconds_per_frame: audio per encoder frame (0.02 for Whisper).
         duration: the audio's length in seconds; frames after it (padding) are cut off.
         title: the figure's title.
+        words: ``(text, start, end)`` seconds of timed words (e.g. a transcript's
+            :class:`~qkv.pretrained.transcript.Word` s), marked as bands with their text
+            along the top axis.
 
     Returns:
         the path written.
 
     Raises:
-        ValueError: ``matrix`` not 2-D, labels of another count, a non-positive frame time.
+        ValueError: ``matrix`` not 2-D, labels of another count, a non-positive frame time,
+            a word that ends before it starts.
     """
     if not isinstance(matrix, Tensor) or matrix.dim() != 2:
         raise ValueError(f"matrix must be a (T, S) tensor, got {getattr(matrix, 'shape', matrix)}")
@@ -117,4 +122,21 @@ def plot_time_alignment(
     ax.set_title(title, fontsize=9)
     bar = fig.colorbar(image, cax=fig.add_axes((0.88, 0.09, 0.025, 0.85)))
     bar.set_label("cross-attention weight", fontsize=8)
+    if words:
+        _mark_words(ax, words, frames * seconds_per_frame)
     return save(fig, path)
+
+
+def _mark_words(ax, words: Sequence[tuple[str, float, float]], end: float) -> None:
+    """Each word's span as a light band (every other one), its text on a top axis."""
+    for i, (text, a, b) in enumerate(words):
+        if not a <= b:
+            raise ValueError(f"words[{i}] {text!r} ends at {b} before it starts at {a}")
+        ax.axvline(a, color="white", linewidth=0.6, alpha=0.7)
+        if i % 2 == 0:
+            ax.axvspan(a, b, color="white", alpha=0.12, linewidth=0)
+    top = ax.secondary_xaxis("top")
+    shown = [(t.strip(), (a + b) / 2) for t, a, b in words if (a + b) / 2 <= end]
+    step = max(1, -(-len(shown) // label_budget(ax, "x")))
+    top.set_xticks([c for _, c in shown[::step]])
+    top.set_xticklabels([t for t, _ in shown[::step]], fontsize=7, rotation=60, ha="left")
