@@ -291,10 +291,12 @@ class SpeechSeq2Seq(ModelBase):
         ``Wᵀ (E, V)`` kept contiguous: a (1, E) x (E, V) product streams the 80 MB weight
         about twice as fast as torch's ``linear`` on ``W (V, E)`` (5.9 ms -> 2.9 ms a step
         for tiny.en on the AVX-512 machine; the same sums in another order). The copy is
-        remade when the weight changes (its version counter)."""
+        remade when the weight changes (its version counter); a trace (torch.compile,
+        export, jit) keeps the plain op."""
         w = self.lm_head.weight
         rows = h.shape[0] * h.shape[1]
-        if torch.is_grad_enabled() or h.device.type != "cpu" or rows > self.FEW_ROWS:
+        if (torch.is_grad_enabled() or h.device.type != "cpu" or rows > self.FEW_ROWS
+                or values_unknown(h) or torch.jit.is_tracing()):  # a trace: the plain op
             return self.lm_head(h)
         key = (w.data_ptr(), w._version, w.dtype)
         held = self.__dict__.get("_head_t")
