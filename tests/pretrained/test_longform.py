@@ -302,3 +302,23 @@ def test_transcribe_command_writes_subtitles_parsers_read(tmp_path, long_clip):
     vtt = list(webvtt.read(str(subs / "talk.vtt")))
     assert [c.text for c in vtt] == [c.text for c in cues]
     assert png.stat().st_size > 10_000
+
+
+def test_a_bad_file_stops_the_command_with_nothing_half_written(tmp_path):
+    """Two files, the second not audio: the first file's subtitles are complete, the second
+    has none, no temporary file is left, and the error is one line naming the file."""
+    from typer.testing import CliRunner
+
+    from qkv.cli.app import app
+
+    good = espeak(SENTENCES[0], tmp_path, "good")
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"RIFF\x00\x00\x00\x00WAVEnot really audio")
+    subs = tmp_path / "subs"
+    result = CliRunner().invoke(app, ["transcribe", str(good), str(bad), "--format", "srt",
+                                      "--out", str(subs)])  # fmt: skip
+    assert result.exit_code != 0 and "Traceback" not in result.output, result.output
+    lines = [line for line in result.stderr.splitlines() if "bad.wav" in line]
+    assert lines and "cannot decode audio" in lines[-1], result.stderr
+    assert sorted(p.name for p in subs.iterdir()) == ["good.srt"]
+    assert "fox" in (subs / "good.srt").read_text().lower()
