@@ -7,7 +7,8 @@ best of ``--repeats`` is reported as audio seconds per second, with the CPU and 
 qkv's time is then split into encoder and decoder (the encoder timed alone on the windows
 the decoder actually visited).
 
-    python benchmarks/whisper_longform.py [--clips 2] [--repeats 3] [--threads 2]
+    python -m benchmarks.whisper_longform [--clips 2] [--repeats 3] [--threads 2]
+                                          [--batch-size 1]
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ def main() -> None:
     parser.add_argument("--clips", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--batch-size", type=int, default=1,
+                        help="qkv's recordings per batch (faster-whisper: one at a time)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -100,7 +103,8 @@ def main() -> None:
     texts: dict[str, list[str]] = {}
 
     def ours() -> None:
-        texts["qkv"] = [t.text for t in bundle.transcripts(samples, o)]
+        texts["qkv"] = [t.text for t in bundle.transcripts(samples, o,
+                                                           batch_size=args.batch_size)]
 
     fns = {"qkv": ours}
     try:
@@ -138,7 +142,8 @@ def main() -> None:
     enc, windows = encoder_share(bundle, samples, o)
     print(f"CPU: {platform.processor() or platform.machine()}, capability "
           f"{torch.backends.cpu.get_cpu_capability()}, {args.threads} threads; "
-          f"{len(samples)} clips, {seconds:.1f} s of audio")  # fmt: skip
+          f"{len(samples)} clips, {seconds:.1f} s of audio; qkv batch size "
+          f"{args.batch_size}")  # fmt: skip
     for name, r in rows.items():
         ratio = rows["qkv"]["best_per_s"] / r["best_per_s"]
         print(f"{name:15s} best {r['min_s']:.2f} s  {r['best_per_s']:6.1f} audio s/s   "
@@ -149,7 +154,8 @@ def main() -> None:
     print(f"texts equal to qkv's: {same}")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "encoder_s": enc, "windows": windows,
-                                         "texts_equal": same, "threads": args.threads}, indent=2))
+                                         "texts_equal": same, "threads": args.threads,
+                                         "batch_size": args.batch_size}, indent=2))
 
 
 if __name__ == "__main__":

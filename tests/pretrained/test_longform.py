@@ -148,6 +148,40 @@ def test_batches_and_one_beam_equal_one_at_a_time(long_clip, bundle):
     assert beams.segments and all(s.start <= s.end for s in beams.segments), _ours(beams)
 
 
+def test_batches_with_previous_text_equal_one_at_a_time(long_clip, bundle):
+    """openai-whisper's defaults: after the first window each recording's prompt has its own
+    length; the rows decode left-padded in one batch, each as it would alone."""
+    clips = [long_clip[: 16000 * 65], long_clip[16000 * 8 : 16000 * 50]]
+    alone = [_ours(bundle.transcript(c)) for c in clips]
+    assert [_ours(t) for t in bundle.transcripts(clips, batch_size=2)] == alone
+
+
+@torch.no_grad()
+def test_ragged_rows_decode_as_each_row_alone(bundle):
+    """``SpeechSeq2Seq.decode(keep=, positions=)``: left-padded prompts of 1, 4 and 7 tokens
+    and three cached steps give each row the logits it has alone."""
+    from qkv.pretrained.whisper_decode import _ragged
+
+    model, torch_gen = bundle.model, torch.Generator().manual_seed(0)
+    memory = model.encode(torch.randn(3, 80, 3000, generator=torch_gen))
+    prompts = [[50257], [50360, 383, 2068, 50257], [50360, 40, 588, 257, 1332, 13, 50257]]
+    ids, keep, positions = _ragged(prompts, 50256, memory.device)
+    cache = model.new_cache()
+    got = [model.decode(ids, memory, cache=cache, keep=keep, positions=positions)[:, -1]]
+    for step in range(3):
+        keep = torch.cat([keep, keep.new_ones((3, 1))], dim=1)
+        positions = positions[:, -1:] + 1
+        token = torch.full((3, 1), 300 + step)
+        got.append(model.decode(token, memory, cache=cache, keep=keep, positions=positions)[:, -1])
+    for b, prompt in enumerate(prompts):
+        row = torch.tensor([[*prompt, 300, 301, 302]])
+        want = model.decode(row, memory[b : b + 1])[0, len(prompt) - 1 :]  # (4, V)
+        err = float((torch.stack([g[b] for g in got]) - want).abs().max())
+        assert err <= 1e-4, f"row {b}: max error {err:.3g}"
+    with pytest.raises(ValueError, match="keep must be a bool"):
+        model.decode(ids, memory, keep=keep[:, :2], positions=_ragged(prompts, 0, "cpu")[2])
+
+
 def test_fallback_samples_reproducibly(bundle, tmp_path):
     """A threshold no decode can pass forces every temperature: the last one's samples are
     kept, from the seed."""

@@ -86,7 +86,7 @@ def test_time_alignment_figure(tmp_path):
                                  seconds_per_frame=0.02, words=[(" hi", 0.0, 0.1),
                                                                 (" there", 0.12, 0.3)])
     assert marked.stat().st_size > path.stat().st_size  # the bands and the word axis
-    with pytest.raises(ValueError, match="ends at 0.1 before it starts at 0.2"):
+    with pytest.raises(ValueError, match=r"ends at 0\.1 before it starts at 0\.2"):
         plot_time_alignment(torch.rand(3, 20), tmp_path / "v.png", tokens=["a", "b", "c"],
                             seconds_per_frame=0.02, words=[(" hi", 0.2, 0.1)])
     assert not (tmp_path / "v.png").exists()

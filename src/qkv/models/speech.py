@@ -123,6 +123,17 @@ class SpeechSeq2SeqConfig(ConfigBase):
             self._token(name, self.vocab_size)
 
 
+def _keep_mask(keep: Tensor | None, B: int, L: int) -> Tensor | None:
+    """``keep (B, L)`` as the self-attention mask ``(B, 1, 1, L)``, checked."""
+    if keep is None:
+        return None
+    if not isinstance(keep, Tensor) or keep.dtype != torch.bool or tuple(keep.shape) != (B, L):
+        got = (keep.dtype, tuple(keep.shape)) if isinstance(keep, Tensor) else type(keep)
+        raise ValueError(f"keep must be a bool (B, L) = ({B}, {L}) tensor over the cached and "
+                         f"new tokens, got {got}")  # fmt: skip
+    return keep[:, None, None, :]
+
+
 class SpeechSeq2Seq(ModelBase):
     """Speech encoder-decoder: ``forward(features, tokens) -> logits``, plus ``encode`` and an
     incremental ``decode`` with a KV cache.
@@ -237,7 +248,8 @@ class SpeechSeq2Seq(ModelBase):
 
     def decode(
         self, tokens: Tensor, memory: Tensor, memory_mask: Tensor | None = None, *,
-        cache: KVCache | None = None,
+        cache: KVCache | None = None, keep: Tensor | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:  # fmt: skip
         """Token logits given the memory; incremental with a cache.
 
@@ -249,6 +261,11 @@ class SpeechSeq2Seq(ModelBase):
             cache: from :meth:`new_cache`: new tokens follow the cached ones (positions and
                 the causal mask shift by ``cache.length``); the cross-attention keys/values
                 are projected from ``memory`` once, at the first call, and reused.
+            keep: ``(B, L)`` bool, which of the ``L`` tokens so far (cached and these) are
+                real: rows of left-padded prompts of different lengths decode together, the
+                padding hidden from every query (with ``positions``; not with a static cache).
+            positions: ``(B, T)`` the tokens' positions (each row counted from its first real
+                token), or None: ``cache.length`` on.
 
         Returns:
             ``(B, T, V)`` logits, equal to decoding the whole prefix at once.
@@ -272,11 +289,15 @@ class SpeechSeq2Seq(ModelBase):
                                  f"have one entry per new token (T={T}); call set_slots first")
             y = self.tgt_pos(self.tgt_embed(tokens), positions=cache.slots)  # (B, T, E)
             mask, causal = cache.keep_mask(), False  # (1, 1, T, L)
+            if keep is not None or positions is not None:
+                raise ValueError("keep= and positions= (ragged rows) need a dynamic cache; "
+                                 "the static cache has its own slots")  # fmt: skip
         else:
             offset = 0 if cache is None else cache.length
-            check_length("tokens", T, offset, c.max_len)
-            y = self.tgt_pos(self.tgt_embed(tokens), offset)  # (B, T, E)
-            mask, causal = None, T > 1
+            if positions is None:
+                check_length("tokens", T, offset, c.max_len)
+            y = self.tgt_pos(self.tgt_embed(tokens), offset, positions)  # (B, T, E)
+            mask, causal = _keep_mask(keep, B, offset + T), T > 1
         y = self.drop(y)
         for i, block in enumerate(self.decoder_blocks):
             y = block(y, memory, mask=mask, is_causal=causal, context_mask=memory_mask,

@@ -115,23 +115,40 @@ def needs_fallback(r: WindowResult, o: TranscribeOptions) -> bool:
     return bad_ratio or bad_logprob
 
 
+def _ragged(prompts: list[list[int]], pad: int, device) -> tuple[Tensor, Tensor, Tensor]:
+    """Prompts left-padded to one length ``P``: ``(ids (B, P), keep (B, P), positions (B, P))``,
+    each row's positions counted from its first real token."""
+    P = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (P - len(p)) + p for p in prompts], device=device)
+    keep = torch.tensor([[False] * (P - len(p)) + [True] * len(p) for p in prompts],
+                        device=device)  # fmt: skip
+    return ids, keep, (keep.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
 @torch.no_grad()
-def _decode_group(model, memory: Tensor, prompts: Tensor, sot_index: int, vocab: Vocab,
+def _decode_group(model, memory: Tensor, prompts: list[list[int]], vocab: Vocab,
                   o: TranscribeOptions, temperature: float, generator: torch.Generator | None
                   ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    """Decode rows with equal-length prompts ``(B, P)``: ``(tokens (B, t) with EOT after
-    the end, sum_logprob (B,), no_speech_prob (B,))``."""
-    B, P = prompts.shape
-    steps = min(o.max_new_tokens, model.config.max_len - P)
+    """Decode ``B`` rows after their prompts (any lengths: left-padded, the padding hidden):
+    ``(tokens (B, t) with EOT after each row's end, sum_logprob (B,), no_speech_prob (B,))``.
+    Each row stops where it would alone: at EOT or ``min(max_new_tokens, max_len - its
+    prompt)`` tokens."""
+    ids, keep, positions = _ragged(prompts, vocab.eot, memory.device)
+    B, P = ids.shape
+    ragged = not bool(keep.all())
+    room = torch.tensor([min(o.max_new_tokens, model.config.max_len - len(p)) for p in prompts],
+                        device=memory.device)  # (B,) tokens each row may add  # fmt: skip
     cache = model.new_cache()
-    out = model.decode(prompts, memory, cache=cache)  # (B, P, V)
-    no_speech = out[:, sot_index].float().softmax(dim=-1)[:, vocab.no_speech]  # (B,)
+    out = model.decode(ids, memory, cache=cache, keep=keep if ragged else None,
+                       positions=positions if ragged else None)  # (B, P, V)  # fmt: skip
+    sot = torch.tensor([P - len(p) + p.index(vocab.sot) for p in prompts], device=memory.device)
+    no_speech = out[torch.arange(B), sot].float().softmax(dim=-1)[:, vocab.no_speech]  # (B,)
     logits = out[:, -1].float()  # (B, V)
-    sampled = prompts.new_zeros((B, 0))  # (B, t)
-    total = torch.zeros(B, dtype=torch.float64, device=prompts.device)
-    done = torch.zeros(B, dtype=torch.bool, device=prompts.device)
+    sampled = ids.new_zeros((B, 0))  # (B, t)
+    total = torch.zeros(B, dtype=torch.float64, device=ids.device)
+    done = room <= 0
     max_initial = None if o.max_initial_timestamp is None else round(o.max_initial_timestamp / 0.02)
-    for _ in range(steps):
+    for t in range(int(room.max())):
         logits = apply_rules(logits, sampled, vocab, o.timestamps, max_initial)
         logprobs = logits.log_softmax(dim=-1)  # (B, V)
         if temperature > 0:
@@ -142,10 +159,15 @@ def _decode_group(model, memory: Tensor, prompts: Tensor, sot_index: int, vocab:
         total += torch.where(done, 0.0, logprobs.gather(1, token[:, None])[:, 0].double())
         token = token.masked_fill(done, vocab.eot)
         sampled = torch.cat([sampled, token[:, None]], dim=1)
-        done |= token == vocab.eot
+        done |= (token == vocab.eot) | (room <= t + 1)
         if bool(done.all()):
             break
-        logits = model.decode(token[:, None], memory, cache=cache)[:, -1].float()
+        if ragged:
+            keep = torch.cat([keep, keep.new_ones((B, 1))], dim=1)
+            positions = positions[:, -1:] + 1
+        logits = model.decode(token[:, None], memory, cache=cache,
+                              keep=keep if ragged else None,
+                              positions=positions if ragged else None)[:, -1].float()  # fmt: skip
     return sampled, total, no_speech
 
 
@@ -212,7 +234,8 @@ def decode_windows(model, memory: Tensor, prompts: list[list[int]], vocab: Vocab
                    generator: torch.Generator | None = None) -> list[WindowResult]:  # fmt: skip
     """Decode each window ``memory[i] (S, E)`` after ``prompts[i]`` at one temperature.
 
-    Rows whose prompts have one length decode together; at ``temperature > 0`` each window
+    The windows decode as one batch (prompts of different lengths left-padded, the padding
+    hidden: each row as it would alone); at ``temperature > 0`` each window
     is sampled ``o.best_of`` times and the candidate with the highest mean log-probability
     per token is kept; at temperature 0 with ``o.beam_size``, each window is beam-searched.
     ``text_of(tokens) -> str`` gives the text for the compression ratio.
@@ -222,18 +245,14 @@ def decode_windows(model, memory: Tensor, prompts: list[list[int]], vocab: Vocab
         return [_beam_one(model, memory[i], p, p.index(vocab.sot), vocab, o, text_of)
                 for i, p in enumerate(prompts)]  # fmt: skip
     copies = o.best_of if temperature > 0 else 1
-    for length in sorted({len(p) for p in prompts}):
-        rows = [i for i, p in enumerate(prompts) if len(p) == length]
-        ids = torch.tensor([prompts[i] for i in rows for _ in range(copies)],
-                           device=memory.device)  # (B * copies, P)  # fmt: skip
-        mem = memory[rows].repeat_interleave(copies, dim=0)  # (B * copies, S, E)
-        sot_index = prompts[rows[0]].index(vocab.sot)
-        sampled, total, no_speech = _decode_group(model, mem, ids, sot_index, vocab, o,
-                                                  temperature, generator)  # fmt: skip
-        for j, i in enumerate(rows):
-            cands = [_result(sampled[k], total[k], no_speech[k], temperature, vocab, text_of)
-                     for k in range(j * copies, (j + 1) * copies)]  # fmt: skip
-            results[i] = max(cands, key=lambda r: r.sum_logprob / max(1, len(r.tokens)))
+    rows = [p for p in prompts for _ in range(copies)]
+    mem = memory.repeat_interleave(copies, dim=0)  # (B * copies, S, E)
+    sampled, total, no_speech = _decode_group(model, mem, rows, vocab, o, temperature,
+                                              generator)  # fmt: skip
+    for i in range(len(prompts)):
+        cands = [_result(sampled[k], total[k], no_speech[k], temperature, vocab, text_of)
+                 for k in range(i * copies, (i + 1) * copies)]  # fmt: skip
+        results[i] = max(cands, key=lambda r: r.sum_logprob / max(1, len(r.tokens)))
     return results  # type: ignore[return-value]
 
 
