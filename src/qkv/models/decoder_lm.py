@@ -54,6 +54,7 @@ from qkv.nn.cache import KVCache
 from qkv.nn.dropout import Dropout
 from qkv.nn.norms import make_norm
 from qkv.nn.rope_scaling import RopeScaling
+from qkv.nn.sink_cache import sink_cache
 from qkv.nn.static_cache import StaticKVCache
 
 __all__ = ["DecoderLM", "DecoderLMConfig"]
@@ -118,7 +119,8 @@ class DecoderLM(ModelBase):
 
     def new_cache(self, batch_size: int | None = None, max_len: int | None = None, *,
                   rolling: bool = True, static: bool = False, dtype: torch.dtype | None = None,
-                  device: torch.device | str | None = None) -> KVCache | StaticKVCache:  # fmt: skip
+                  device: torch.device | str | None = None, sinks: int = 4,
+                  recent: int | None = None) -> KVCache | StaticKVCache:  # fmt: skip
         """An empty cache with one layer per block.
 
         Args:
@@ -132,6 +134,12 @@ class DecoderLM(ModelBase):
                 at slot tensors: the form ``torch.compile`` runs without recompiling) instead
                 of a :class:`~qkv.nn.KVCache`.
             dtype, device: of a static cache's buffers (default: the parameters').
+            recent: with it, an attention-sink cache (:mod:`qkv.nn.sink_cache`): the first
+                ``sinks`` positions and the last ``recent`` ones are kept, positions
+                re-based, so generation goes on in flat memory (rotary models without
+                sliding windows; rows not padded).
+            sinks: first positions a sink cache keeps (StreamingLLM's 4; 0: a plain rolling
+                window).
 
         Raises:
             ValueError: ``batch_size`` or ``max_len`` not a positive int or None (not None
@@ -143,6 +151,8 @@ class DecoderLM(ModelBase):
                                       or value < 1):  # fmt: skip
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}")
         c = self.config
+        if recent is not None:
+            return self._sink_cache(sinks, recent, static)
         if not static:
             windows = c.windows if rolling else None
             return KVCache(c.num_layers, max_len=max_len, windows=windows)
@@ -155,6 +165,16 @@ class DecoderLM(ModelBase):
         return new_static_cache(c.num_layers, batch_size, max_len, c.num_kv_heads or c.num_heads,
                                 c.head_dim, self.embed.weight, dtype=dtype,
                                 device=device)  # fmt: skip
+
+    def _sink_cache(self, sinks: int, recent: int, static: bool) -> KVCache:
+        c = self.config
+        if static or c.positions != "rope" or any(w is not None for w in c.windows):
+            raise ValueError(
+                f"an attention-sink cache (recent={recent}) re-bases rotary positions: it needs "
+                f"positions='rope', no sliding windows and static=False (this model: "
+                f"positions={c.positions!r}, windows {c.windows}, static={static})"
+            )
+        return sink_cache(c.num_layers, sinks, recent)
 
     def forward(
         self,

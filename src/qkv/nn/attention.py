@@ -300,12 +300,29 @@ class Attention(AttentionCore):
         v = self._split(self.v_proj(x), self.num_kv_heads)  # (B, Hkv, T, D)
         if self.k_norm is not None:
             k = self.k_norm(k)  # (B, Hkv, T, D)
+        if getattr(cache, "rebased", False):
+            return self._rebased_keys(q, k, v, cache, positions)
         if self.rope is not None:
             offset = 0 if cache is None or positions is not None else cache.length
             q = self.rope(q, offset=offset, positions=positions)  # (B, H, T, D)
             k = self.rope(k, offset=offset, positions=positions)  # (B, Hkv, T, D)
         if cache is not None:
             k, v = cache.update(k, v)  # (B, Hkv, S, D) with S = cached + T
+        return q, k, v
+
+    def _rebased_keys(self, q: Tensor, k: Tensor, v: Tensor, cache, positions: Tensor | None
+                      ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+        """A cache that re-bases positions (:mod:`qkv.nn.sink_cache`): it holds unrotated
+        keys; the held ones are rotated at their places ``0 .. S-1``, the new queries after
+        the held ones."""
+        if positions is not None:
+            raise ValueError("a sink cache numbers positions itself (0 .. held); rows must "
+                             "not be padded and positions= must be None")  # fmt: skip
+        held = cache.held
+        k, v = cache.update(k, v)  # (B, Hkv, S, D), unrotated
+        if self.rope is not None:
+            q = self.rope(q, offset=held)  # (B, H, T, D) at held .. held + T - 1
+            k = self.rope(k, offset=0)  # (B, Hkv, S, D) at 0 .. S - 1
         return q, k, v
 
     def _cross_keys(
