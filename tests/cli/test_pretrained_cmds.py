@@ -347,3 +347,26 @@ def test_chat_errors(lm_checkpoint):
     _fails(["chat", "--model", "no-such-model"], "known names:")
     _fails(["chat", "--model", str(lm_checkpoint[0])], "has no chat template")
     assert chat_cmd.NAME == "chat"
+
+
+def test_chat_endless_holds_the_conversation_in_a_sink_cache(monkeypatch):
+    """``--endless --window 64``: five turns in flat memory; the first reply is the plain
+    chat's; /reset starts the cache over."""
+    from qkv.pretrained import endless_chat
+
+    bundle = _cached_load(SMOL)
+    chats: list = []
+    real = endless_chat.EndlessChat
+
+    def recording(*args, **kw):
+        chats.append(real(*args, **kw))
+        return chats[-1]
+
+    monkeypatch.setattr(endless_chat, "EndlessChat", recording)
+    lines = "Hello.\nHow are you?\nTell me a fact.\nAnother one.\nThanks.\n/reset\nHi\n/exit\n"
+    result = _ok(["chat", "--endless", "--window", "64", "-n", "8"], input=lines)
+    chat = chats[0]
+    assert chat.recent == 64 and chat.held <= 68, (chat.recent, chat.held)
+    first = bundle.generate([{"role": "user", "content": "Hello."}], 8)
+    assert result.stdout.startswith(f"{USER}Hello.\n{ASSISTANT}{first}\n"), result.stdout
+    assert "(conversation cleared)" in result.stdout and chat.fed.count("Hello.") == 0

@@ -24,7 +24,7 @@ from typing import Annotated, Any, TextIO
 import typer
 from rich.console import Console
 
-from qkv.cli.common import LM_NEW_TOKENS, Seed, Temperature, TopK, TopP, status
+from qkv.cli.common import FLAG, LM_NEW_TOKENS, Seed, Temperature, TopK, TopP, status
 
 __all__ = ["Conversation", "command", "run_chat"]
 
@@ -42,12 +42,16 @@ class Conversation:
         system: the system prompt, kept across :meth:`reset`; None = the template's default.
         options: passed to the model's ``stream`` (max_new_tokens, temperature, top_k,
             top_p, seed).
+        endless: an :class:`~qkv.pretrained.endless_chat.EndlessChat` holding the
+            conversation in an attention-sink cache (flat memory), or None (the whole
+            conversation through the model every turn).
         messages: the conversation so far, as the chat template takes it.
     """
 
     bundle: Any
     system: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    endless: Any = None
     messages: list[dict[str, str]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -56,6 +60,8 @@ class Conversation:
     def reset(self) -> None:
         """Forget every turn; keep the system prompt."""
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        if self.endless is not None:
+            self.endless.reset()
 
     def reply(self, text: str, write: Callable[[str], None]) -> str:
         """Answer ``text``: stream the reply through ``write`` piece by piece, then keep it.
@@ -77,7 +83,9 @@ class Conversation:
         turn = [*self.messages, {"role": "user", "content": text}]
         pieces: list[str] = []
         try:
-            for piece in pretrained.stream_chat(turn, self.bundle, **self.options):
+            pieces_of = (self.endless.reply(turn, **self.options) if self.endless is not None
+                         else pretrained.stream_chat(turn, self.bundle, **self.options))
+            for piece in pieces_of:
                 pieces.append(piece)
                 write(piece)
         except KeyboardInterrupt:
@@ -174,11 +182,20 @@ def command(
     top_k: TopK = None,
     top_p: TopP = None,
     seed: Seed = None,
+    endless: Annotated[bool, typer.Option(
+        "--endless", metavar=FLAG, help="Hold the conversation in an attention-sink cache "
+        "(the first 4 tokens and the last --window): flat memory however long the chat; "
+        "each turn feeds only its new text.",
+    )] = False,
+    window: Annotated[int, typer.Option(
+        "--window", min=8, help="With --endless: the most recent tokens kept.",
+    )] = 2044,
 ) -> None:
     """Chat with a language model; replies stream as they are generated.
 
-    The whole conversation goes through the model's chat template each turn. Type /reset to
-    start over, /exit (or Ctrl-D) to leave. Reads stdin, so lines can be piped in.
+    The whole conversation goes through the model's chat template each turn (with
+    --endless, only what is new, in flat memory). Type /reset to start over, /exit (or
+    Ctrl-D) to leave. Reads stdin, so lines can be piped in.
 
     [bold]Example:[/bold] qkv chat --system "You are a terse assistant." --temperature 0.7
     --top-p 0.9 --seed 0
@@ -196,7 +213,12 @@ def command(
                          f"{model} --no-chat --prompt ...")  # fmt: skip
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                    top_p=top_p, seed=seed)  # fmt: skip
-    conversation = Conversation(bundle, system=system, options=options)
+    held = None
+    if endless:
+        from qkv.pretrained.endless_chat import EndlessChat
+
+        held = EndlessChat(bundle, recent=window)
+    conversation = Conversation(bundle, system=system, options=options, endless=held)
     how = "greedy" if temperature == 0 else f"temperature {temperature}"
     console.print(f"chatting with {bundle.name} ({how}, at most {max_new_tokens} tokens a "
                   f"reply); {HELP_LINE}", markup=False)  # fmt: skip
