@@ -1,8 +1,9 @@
-"""Choosing the next token from logits: temperature, top-k, top-p (nucleus), seeded draws.
+"""Choosing the next token from logits: temperature, top-k, top-p (nucleus), min-p, seeded draws.
 
-The order is the usual one: divide the logits by the temperature, keep the ``k`` largest
-(top-k), then keep the smallest set of tokens whose probability mass reaches ``p`` (top-p,
-Holtzman et al. 2020), renormalise and draw.
+The order is the usual one (transformers' warpers): divide the logits by the temperature, keep
+the ``k`` largest (top-k), then keep the smallest set of tokens whose probability mass reaches
+``p`` (top-p, Holtzman et al. 2020), then the tokens at least ``min_p`` times as probable as
+the most probable (min-p), renormalise and draw.
 
 Draws are reproducible and independent across rows: row ``b`` has its own
 ``torch.Generator`` (seeded ``seed + b`` by default) and draws one uniform number per step by
@@ -18,8 +19,9 @@ from torch import Tensor
 
 from qkv.checks import is_number
 from qkv.generate.args import check_sampling, check_seed
+from qkv.generate.controls import check_min_p
 
-__all__ = ["Sampler", "filter_logits", "top_p_keep"]
+__all__ = ["Sampler", "filter_logits", "min_p_keep", "top_p_keep"]
 
 
 def top_p_keep(probs: Tensor, p: float) -> Tensor:
@@ -47,11 +49,28 @@ def top_p_keep(probs: Tensor, p: float) -> Tensor:
     return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)  # (B, V)
 
 
+def min_p_keep(logits: Tensor, min_p: float) -> Tensor:
+    """Min-p: for each row the tokens whose probability is at least ``min_p`` times the
+    largest, and the most probable token in any case (transformers' ``MinPLogitsWarper`` with
+    ``min_tokens_to_keep=1``).
+
+    Args:
+        logits: ``(B, V)``.
+        min_p: in ``[0, 1]``.
+
+    Returns:
+        ``(B, V)`` bool, True = kept.
+    """
+    probs = logits.softmax(-1)  # (B, V)
+    keep = probs >= min_p * probs.amax(-1, keepdim=True)  # (B, V)
+    return keep.scatter(-1, probs.argmax(-1, keepdim=True), True)
+
+
 def filter_logits(
     logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None,
-    top_p: float | None = None,
+    top_p: float | None = None, min_p: float | None = None,
 ) -> Tensor:  # fmt: skip
-    """Tempered logits with everything outside top-k / top-p set to ``-inf``.
+    """Tempered logits with everything outside top-k / top-p / min-p set to ``-inf``.
 
     Args:
         logits: ``(B, V)``.
@@ -59,17 +78,20 @@ def filter_logits(
         top_k: keep the ``k`` largest logits per row (ties at the k-th value all kept); None
             = all.
         top_p: keep the nucleus of mass ``p`` (:func:`top_p_keep`); None = all.
+        min_p: then keep the tokens at least ``min_p`` times as probable as the most probable
+            (:func:`min_p_keep`); None = all.
 
     Returns:
         ``(B, V)`` float logits.
 
     Raises:
         ValueError: ``temperature`` not a finite number > 0, ``top_k`` not an int >= 1,
-            ``top_p`` outside ``(0, 1]``.
+            ``top_p`` outside ``(0, 1]``, ``min_p`` outside ``[0, 1]``.
     """
     if not is_number(temperature) or not temperature > 0:
         raise ValueError(f"temperature must be > 0 here (0 means greedy), got {temperature!r}")
     check_sampling(temperature, top_k, top_p)
+    check_min_p(min_p)
     out = logits.float() / temperature  # (B, V)
     if top_k is not None:
         kth = out.topk(min(top_k, out.shape[-1]), dim=-1).values[:, -1:]  # (B, 1)
@@ -77,6 +99,8 @@ def filter_logits(
     if top_p is not None:
         keep = top_p_keep(out.softmax(-1), top_p)  # (B, V)
         out = out.masked_fill(~keep, float("-inf"))
+    if min_p is not None:
+        out = out.masked_fill(~min_p_keep(out, min_p), float("-inf"))
     return out
 
 
@@ -88,7 +112,7 @@ class Sampler:
         seed: an int (row ``b`` is seeded ``seed + b``), ``B`` ints (one per row), or None (a
             seed drawn from torch's global generator, so ``torch.manual_seed`` still makes a
             run reproducible).
-        temperature, top_k, top_p: as :func:`filter_logits`.
+        temperature, top_k, top_p, min_p: as :func:`filter_logits`.
         device: where the generators live (CPU by default); the draws move to the logits'
             device, so one seed draws the same tokens on any device.
 
@@ -105,6 +129,7 @@ class Sampler:
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
+        min_p: float | None = None,
         device: torch.device | str = "cpu",
     ) -> None:
         if seed is None:
@@ -112,8 +137,8 @@ class Sampler:
         seeds = check_seed(seed, batch)
         assert seeds is not None
         check_sampling(temperature, top_k, top_p)
-        filter_logits(torch.zeros(1, 2), temperature=temperature, top_k=top_k, top_p=top_p)
-        self.options = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        self.options = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        filter_logits(torch.zeros(1, 2), **self.options)
         self.generators = [torch.Generator(device).manual_seed(s) for s in seeds]
 
     def __call__(self, logits: Tensor) -> Tensor:

@@ -5,6 +5,10 @@ encoder and BOS) once, then one new token per step with the KV cache. A row stop
 (which is kept in its output) or after ``max_new_tokens``; a finished row is filled with
 ``pad_id`` while the others go on, and the loop ends when every row has finished.
 
+Each method takes ``controls``, a :class:`~qkv.generate.controls.GenerationControls`
+(repetition penalty, no-repeat n-grams, bad words, minimum and forced length, min-p), applied
+to every step's logits before the token is chosen.
+
 Outputs hold the *new* tokens only, ``(B, L)`` with ``L <= max_new_tokens``;
 :func:`strip` turns them into lists without EOS and padding.
 """
@@ -17,8 +21,9 @@ import torch
 from torch import Tensor, nn
 
 from qkv.checks import is_int, remember_checked
-from qkv.generate.args import check_sampling, check_seed, special_ids
+from qkv.generate.args import check_sampling, check_seed, output_vocab, special_ids
 from qkv.generate.compiled import open_session
+from qkv.generate.controls import GenerationControls, checked_controls, prompt_ids
 from qkv.generate.sampling import Sampler
 from qkv.generate.session import Inputs, decoding, is_seq2seq, model_device
 
@@ -27,14 +32,20 @@ __all__ = ["greedy", "sample", "stream", "strip"]
 
 def _steps(
     session, choose: Callable[[Tensor], Tensor], max_new_tokens: int, eos_id: int | None,
-    fill: int,
+    fill: int, controls: GenerationControls | None = None,
 ) -> Iterator[Tensor]:  # fmt: skip
     """Yield the ``(B,)`` tokens of each step until every row has ended."""
+    # Each row's tokens so far (B, L), kept only when the controls read them.
+    history = prompt_ids(session) if controls is not None and controls.edits_logits else None
     # 1) the prompt (or encoder + BOS) gives the first logits
     logits = session.first()  # (B, V)
     finished = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)  # (B,)
     for t in range(max_new_tokens):
-        # 2) choose a token per row; rows that already ended get padding
+        # 2) the controls edit the logits; choose a token per row; ended rows get padding
+        if history is not None:
+            assert controls is not None
+            logits = controls.apply(logits, history, new=t, last_step=t == max_new_tokens - 1,
+                                    eos_id=eos_id)  # (B, V)  # fmt: skip
         tokens = choose(logits).masked_fill(finished, fill)  # (B,)
         # Chosen among the logits (or the checked fill id): the model need not read them back.
         remember_checked(tokens, ("ids", logits.shape[-1]), unversioned=True)
@@ -47,6 +58,8 @@ def _steps(
             if bool(finished.all()):
                 return
         # 4) one cached forward step for the chosen tokens
+        if history is not None:
+            history = torch.cat([history, tokens[:, None]], dim=1)  # (B, L + 1)
         logits = session.next(tokens)  # (B, V)
 
 
@@ -54,6 +67,10 @@ def _ids(model: nn.Module, eos_id: int | None, pad_id: int | None, bos_id: int |
     """``(eos, pad, bos, fill)`` checked against the model's vocabularies (TypeError for a
     model of neither kind)."""
     return special_ids(model, eos_id, pad_id, bos_id, seq2seq=is_seq2seq(model))
+
+
+def _min_p(controls: GenerationControls | None) -> float | None:
+    return None if controls is None else controls.min_p
 
 
 @decoding
@@ -66,6 +83,7 @@ def greedy(
     pad_id: int | None = None,
     bos_id: int | None = None,
     compile: bool = False,
+    controls: GenerationControls | None = None,
 ) -> Tensor:
     """Greedy decoding: the most probable token at every step.
 
@@ -80,18 +98,23 @@ def greedy(
             an encoder-decoder's output; without ``eos_id`` rows run to the limit).
         compile: decoder-only models: a static KV cache and the steps after the prompt
             through ``torch.compile`` (:mod:`qkv.generate.compiled`); the same tokens.
+        controls: a :class:`~qkv.generate.controls.GenerationControls` (``min_p`` leaves
+            greedy's choice unchanged); None = none.
 
     Returns:
         ``(B, L)`` long: the new tokens, EOS included, ``pad_id`` after it.
 
     Raises:
-        TypeError: a model of neither kind.
-        ValueError: malformed inputs, ids outside the vocabulary, a length past ``max_len``.
+        TypeError: a model of neither kind; ``controls`` of another type.
+        ValueError: malformed inputs, ids outside the vocabulary, a length past ``max_len``,
+            controls the model cannot meet (:func:`~qkv.generate.controls.checked_controls`).
     """
     eos, pad, bos, fill = _ids(model, eos_id, pad_id, bos_id)
+    controls = checked_controls(controls, output_vocab(model), eos)
     session = open_session(model, inputs, max_new_tokens, pad_id=pad, bos_id=bos,
                            compile=compile)  # fmt: skip
-    steps = _steps(session, lambda logits: logits.argmax(-1), max_new_tokens, eos, fill)
+    steps = _steps(session, lambda logits: logits.argmax(-1), max_new_tokens, eos, fill,
+                   controls)  # fmt: skip
     return torch.stack(list(steps), dim=1)  # (B, L)
 
 
@@ -109,11 +132,13 @@ def sample(
     pad_id: int | None = None,
     bos_id: int | None = None,
     compile: bool = False,
+    controls: GenerationControls | None = None,
 ) -> Tensor:
     """Sampling with temperature, top-k and top-p (nucleus); ``temperature=0`` is greedy.
 
     Args:
-        model, inputs, max_new_tokens, eos_id, pad_id, bos_id, compile: as :func:`greedy`.
+        model, inputs, max_new_tokens, eos_id, pad_id, bos_id, compile, controls: as
+            :func:`greedy`; ``controls.min_p`` filters after top-p.
         temperature: >= 0; 0 = greedy, below 1 sharper, above 1 flatter.
         top_k: sample among the ``k`` most probable tokens only; None = all.
         top_p: sample within the nucleus of probability mass ``p``; None = all.
@@ -130,6 +155,7 @@ def sample(
     """
     check_sampling(temperature, top_k, top_p)
     eos, pad, bos, fill = _ids(model, eos_id, pad_id, bos_id)
+    controls = checked_controls(controls, output_vocab(model), eos)
     session = open_session(model, inputs, max_new_tokens, pad_id=pad, bos_id=bos,
                            compile=compile)  # fmt: skip
     check_seed(seed, session.batch)  # checked even when greedy leaves it unused
@@ -137,8 +163,10 @@ def sample(
         choose: Callable[[Tensor], Tensor] = lambda logits: logits.argmax(-1)  # noqa: E731
     else:
         choose = Sampler(session.batch, seed=seed, temperature=temperature, top_k=top_k,
-                         top_p=top_p, device=model_device(model))  # fmt: skip
-    return torch.stack(list(_steps(session, choose, max_new_tokens, eos, fill)), dim=1)
+                         top_p=top_p, min_p=_min_p(controls),
+                         device=model_device(model))  # fmt: skip
+    steps = _steps(session, choose, max_new_tokens, eos, fill, controls)
+    return torch.stack(list(steps), dim=1)  # (B, L)
 
 
 def stream(
@@ -153,6 +181,7 @@ def stream(
     eos_id: int | None = None,
     bos_id: int | None = None,
     compile: bool = False,
+    controls: GenerationControls | None = None,
 ) -> Iterator[int]:
     """Generate for one prompt, yielding each new token id as soon as it is chosen.
 
@@ -163,7 +192,7 @@ def stream(
         model: a decoder-only LM (an encoder-decoder model works too, ``prompt`` being the
             source).
         prompt: the token ids (a list, or a 1-D tensor).
-        max_new_tokens, temperature, top_k, top_p, eos_id, bos_id, compile: as
+        max_new_tokens, temperature, top_k, top_p, eos_id, bos_id, compile, controls: as
             :func:`sample`.
         seed: an int or None.
 
@@ -184,14 +213,15 @@ def stream(
                          f"{prompt!r:.80}")  # fmt: skip
     with torch.inference_mode():
         eos, pad, bos, fill = _ids(model, eos_id, None, bos_id)
+        controls = checked_controls(controls, output_vocab(model), eos)
         session = open_session(model, [list(prompt)], max_new_tokens, pad_id=pad, bos_id=bos,
                                compile=compile)  # fmt: skip
         if temperature == 0:
             choose: Callable[[Tensor], Tensor] = lambda logits: logits.argmax(-1)  # noqa: E731
         else:
             choose = Sampler(1, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
-                             device=model_device(model))  # fmt: skip
-    return _tokens(_steps(session, choose, max_new_tokens, eos, fill), eos)
+                             min_p=_min_p(controls), device=model_device(model))  # fmt: skip
+    return _tokens(_steps(session, choose, max_new_tokens, eos, fill, controls), eos)
 
 
 def _tokens(steps: Iterator[Tensor], eos: int | None) -> Iterator[int]:

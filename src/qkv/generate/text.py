@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from qkv.checks import positive_int
 from qkv.generate.args import check_sampling, default_new_tokens, length_limit, special_ids
 from qkv.generate.beam import beam_search
+from qkv.generate.controls import GenerationControls
 from qkv.generate.search import sample, strip
 from qkv.generate.session import Inputs, is_seq2seq
 
@@ -46,6 +47,7 @@ def generate(
     pad_id: int | None = None,
     bos_id: int | None = None,
     compile: bool = False,
+    controls: GenerationControls | None = None,
 ) -> Tensor:
     """Decode ``inputs`` with beam search (``beam_size``), sampling (``temperature > 0``) or
     greedy search (the default).
@@ -55,12 +57,15 @@ def generate(
         temperature, top_k, top_p, seed: as :func:`sample` (ignored by beam search).
         beam_size, alpha: as :func:`beam_search`.
         compile: as :func:`greedy` (not with beam search).
+        controls: as :func:`sample`: a :class:`~qkv.generate.controls.GenerationControls`
+            (not with beam search yet: refused).
 
     Returns:
         ``(B, L)`` long new tokens, EOS included, then ``pad_id``.
 
     Raises:
-        ValueError: as the method chosen; beam search together with ``temperature > 0``.
+        ValueError: as the method chosen; beam search together with ``temperature > 0``,
+            ``compile=True`` or ``controls``.
     """
     ids: dict[str, Any] = dict(eos_id=eos_id, pad_id=pad_id, bos_id=bos_id)
     check_sampling(temperature, top_k, top_p)
@@ -72,12 +77,16 @@ def generate(
         if compile:
             raise ValueError("compile=True (a static KV cache) does not serve beam search; "
                              "use compile=False with beam_size")  # fmt: skip
+        if controls is not None:
+            raise ValueError(f"controls are not supported by beam search yet (beam_size="
+                             f"{beam_size}); use greedy or sampling, or controls=None")  # fmt: skip
         out = beam_search(model, inputs, beam_size=beam_size, max_new_tokens=max_new_tokens,
                           alpha=alpha, **ids)  # fmt: skip
         assert isinstance(out, Tensor)
         return out
     return sample(model, inputs, max_new_tokens=max_new_tokens, temperature=temperature,
-                  top_k=top_k, top_p=top_p, seed=seed, compile=compile, **ids)  # fmt: skip
+                  top_k=top_k, top_p=top_p, seed=seed, compile=compile, controls=controls,
+                  **ids)  # fmt: skip
 
 
 def translate(
