@@ -255,6 +255,8 @@ class Attention(AttentionCore):
             q = self.q_norm(q)  # (B, H, T, D)
         if context is None:
             q, k, v = self._self_keys(x, q, cache, positions)
+            if getattr(cache, "paged", False):  # attention over the cache's pages
+                return self.out_proj(self._merge(cache.attend(q, k, v, self.scale))), None
         else:
             k, v = self._cross_keys(context, cache, x.shape[0])
         B, H, T, S = q.shape[0], self.num_heads, q.shape[2], k.shape[2]
@@ -302,6 +304,11 @@ class Attention(AttentionCore):
             k = self.k_norm(k)  # (B, Hkv, T, D)
         if getattr(cache, "rebased", False):
             return self._rebased_keys(q, k, v, cache, positions)
+        if getattr(cache, "paged", False):  # new keys only: the paged cache attends itself
+            if self.rope is not None:
+                q = self.rope(q, positions=positions)  # (B, H, T, D)
+                k = self.rope(k, positions=positions)  # (B, Hkv, T, D)
+            return q, k, v
         if self.rope is not None:
             offset = 0 if cache is None or positions is not None else cache.length
             q = self.rope(q, offset=offset, positions=positions)  # (B, H, T, D)

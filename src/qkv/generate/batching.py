@@ -1,0 +1,226 @@
+"""Continuous batching over a paged KV cache: many requests decoded together, each joining the
+running batch at the next step and leaving it the step it ends (Yu et al., 2022, "Orca";
+Kwon et al., 2023, "vLLM").
+
+One background thread runs the loop. Each turn it admits waiting requests while the batch has
+room (``max_batch``) and the block pool has the blocks a request can ever need (its prompt plus
+``max_new_tokens``, reserved up front, so a running request never runs out: a request that
+does not fit *waits*, it is not refused), runs each newcomer's prompt alone through the model
+(the prefill, its first token), then one decoding step for every running request at once:
+one token each, at its own position, attending over its own pages
+(:class:`~qkv.nn.paged_cache.PagedKVCache`). A request that ends (EOS, a stop id, its
+``max_new_tokens``, or cancelled by its caller) gives its blocks back at once.
+
+Every request gets the tokens it would get alone: greedy rows equal
+:func:`qkv.generate.greedy` on the request by itself, and a sampled request draws from its own
+seeded generator. Decoder-only models whose attention the paged cache expresses: rotary,
+learned or no positions; no ALiBi, relative biases, sliding windows or soft-capping.
+
+Shapes: ``B`` running requests, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from qkv.generate.engine import Request, SamplingParams, check_prompt
+from qkv.generate.sampling import Sampler
+from qkv.nn.paged_cache import PagedKVCache
+
+__all__ = ["BatchingEngine"]
+
+IDLE_WAIT_S = 0.05  # how long the loop sleeps when nothing runs
+
+
+@dataclass(eq=False)
+class _Running:
+    request: Request
+    blocks: list[int]
+    length: int = 0  # positions cached
+    last: int = -1  # the token to feed next
+    chooser: object = field(default=None, repr=False)
+
+
+def _check_model(model: nn.Module) -> None:
+    c = getattr(model, "config", None)
+    if c is None or not hasattr(model, "new_cache") or hasattr(model, "encode"):
+        raise ValueError(f"continuous batching serves decoder-only qkv models (DecoderLM), got "
+                         f"{type(model).__name__}")  # fmt: skip
+    windows = any(w is not None for w in getattr(c, "windows", ()))
+    softcap = getattr(getattr(c, "attention", None), "softcap", None)
+    if c.positions in ("alibi", "relative") or windows or softcap:
+        raise ValueError(f"the paged cache does not express this model's attention (positions="
+                         f"{c.positions!r}, sliding windows {windows}, soft-cap {softcap})")
+
+
+class BatchingEngine:
+    """Continuous batching for a decoder-only model (see the module docstring).
+
+    Args:
+        model: a :class:`~qkv.models.DecoderLM` (eval mode).
+        eos_id: the id that ends a request (default: the config's).
+        max_batch: the most requests decoded together.
+        block_size: positions per cache block.
+        num_blocks: blocks in the pool (default: ``max_batch`` sequences of 1024 positions).
+
+    Raises:
+        ValueError: a model the paged cache cannot serve, sizes that are not positive ints.
+    """
+
+    def __init__(self, model: nn.Module, *, eos_id: int | None = None, max_batch: int = 16,
+                 block_size: int = 16, num_blocks: int | None = None) -> None:  # fmt: skip
+        _check_model(model)
+        c, weight = model.config, next(model.parameters())
+        self.model, self.max_batch = model.eval(), max_batch
+        self.eos_id = c.eos_id if eos_id is None else eos_id
+        blocks = num_blocks if num_blocks is not None else max_batch * -(-1024 // block_size)
+        self.cache = PagedKVCache(c.num_layers, num_blocks=blocks, block_size=block_size,
+                                  kv_heads=c.num_kv_heads or c.num_heads, head_dim=c.head_dim,
+                                  dtype=weight.dtype, device=weight.device)  # fmt: skip
+        self.limit = getattr(model, "position_limit", None)  # learned positions: a hard limit
+        self.waiting: deque[Request] = deque()
+        self.running: list[_Running] = []
+        self._wake = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.steps = 0  # decoding steps run (for statistics)
+
+    # --- the callers' side -------------------------------------------------------------------
+
+    def start(self) -> BatchingEngine:
+        """Start the background loop (once); returns the engine."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="qkv-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def submit(self, prompt: list[int], params: SamplingParams | None = None) -> Request:
+        """Queue a request; its tokens come from ``request.tokens()``.
+
+        Raises:
+            ValueError: a bad prompt, a request longer than the model's positions or than the
+                whole block pool, an engine shutting down.
+        """
+        params = params or SamplingParams()
+        ids = check_prompt(prompt, self.model.config.vocab_size)
+        total = len(ids) + params.max_new_tokens
+        if self.limit is not None and total > self.limit:
+            raise ValueError(f"a prompt of {len(ids)} tokens + max_new_tokens="
+                             f"{params.max_new_tokens} exceeds the model's {self.limit} positions")
+        if self.cache.blocks_for(total) > self.cache.num_blocks:
+            raise ValueError(f"a request of {total} positions needs more than the whole block "
+                             f"pool ({self.cache.num_blocks} x {self.cache.block_size})")
+        request = Request(ids, params)
+        with self._wake:
+            if self._stop:
+                raise ValueError("the engine is shutting down; no new requests")
+            self.waiting.append(request)
+            self._wake.notify()
+        return request
+
+    def shutdown(self, *, cancel: bool = False, timeout: float | None = None) -> None:
+        """Stop taking requests; let those in flight finish (``cancel``: end them now), then
+        stop the loop."""
+        with self._wake:
+            self._stop = True
+            if cancel:
+                for r in [*self.waiting, *(run.request for run in self.running)]:
+                    r.cancel()
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._wake:
+                    if not self.waiting and not self.running:
+                        if self._stop:
+                            return
+                        self._wake.wait(IDLE_WAIT_S)
+                        continue
+                try:
+                    self._admit()
+                    if self.running:
+                        self._step()
+                except Exception as err:  # a failed step ends the requests it held
+                    for run in self.running:
+                        run.request.finish("error", err)
+                        self.cache.release(run.blocks)
+                    self.running = []
+
+    def _admit(self) -> None:
+        while len(self.running) < self.max_batch:
+            with self._wake:
+                if not self.waiting:
+                    return
+                request = self.waiting[0]
+                if request.cancelled:
+                    self.waiting.popleft().finish("cancelled")
+                    continue
+                need = self.cache.blocks_for(len(request.prompt) + request.params.max_new_tokens)
+                if need > len(self.cache.free):
+                    return  # waits for blocks to come back
+                self.waiting.popleft()
+            run = _Running(request, self.cache.allocate(need), chooser=_chooser(request.params))
+            self._prefill(run)
+
+    def _prefill(self, run: _Running) -> None:
+        prompt = run.request.prompt
+        device = self.cache.layers[0].k_pool.device
+        self.cache.set_batch([run.blocks], [0])
+        ids = torch.tensor([prompt], device=device)
+        logits = self.model(ids, cache=self.cache, positions=torch.arange(len(prompt),
+                                                                          device=device)[None])
+        run.length = len(prompt)
+        if self._take(run, logits[0, -1].float()):
+            self.running.append(run)
+
+    def _step(self) -> None:
+        for run in [r for r in self.running if r.request.cancelled]:
+            self._end(run, "cancelled")
+        if not self.running:
+            return
+        device = self.cache.layers[0].k_pool.device
+        self.cache.set_batch([r.blocks for r in self.running], [r.length for r in self.running])
+        ids = torch.tensor([[r.last] for r in self.running], device=device)  # (B, 1)
+        positions = torch.tensor([[r.length] for r in self.running], device=device)  # (B, 1)
+        logits = self.model(ids, cache=self.cache, positions=positions)[:, -1].float()  # (B, V)
+        self.steps += 1
+        for run, row in zip(list(self.running), logits, strict=True):
+            run.length += 1
+            self._take(run, row)
+
+    def _take(self, run: _Running, logits: torch.Tensor) -> bool:
+        """Choose ``run``'s next token from ``logits (V,)``; False when the request ended."""
+        token = int(run.chooser(logits[None])[0])
+        p = run.request.params
+        if token == self.eos_id or token in p.stop_ids:
+            self._end(run, "stop")
+            return False
+        run.request.emit(token)
+        run.last = token
+        if len(run.request.output) >= p.max_new_tokens:
+            self._end(run, "length")
+            return False
+        return True
+
+    def _end(self, run: _Running, reason: str) -> None:
+        run.request.finish(reason)
+        self.cache.release(run.blocks)
+        if run in self.running:
+            self.running.remove(run)
+
+
+def _chooser(p: SamplingParams):
+    """Greedy, or the request's own seeded sampler."""
+    if p.temperature == 0:
+        return lambda logits: logits.argmax(-1)
+    return Sampler(1, seed=p.seed, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p)

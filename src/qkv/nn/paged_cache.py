@@ -1,0 +1,148 @@
+"""A paged KV cache: fixed-size blocks in one pool, a block table per sequence, for serving
+many sequences of different lengths at once (Kwon et al., 2023, "PagedAttention").
+
+The pool of each layer holds ``num_blocks`` blocks of ``block_size`` positions,
+``(num_blocks, Hkv, block_size, D)``. A sequence owns a list of block ids (its block table);
+position ``p`` of the sequence lives in block ``table[p // block_size]`` at offset
+``p % block_size``. Blocks are taken from a free list when a sequence starts and given back
+when it ends, so memory is bounded by the pool and no sequence's cache is ever copied to grow.
+
+Before each forward the caller says which sequences are in the batch (:meth:`PagedKVCache.
+set_batch`: their tables and how many positions each has cached). The attention layer then
+hands its new queries, keys and values to :meth:`PagedLayer.attend`, which writes the keys and
+values into their slots and attends over the sequence's pages a chunk of blocks at a time
+through qkv's attention core, merging the chunks by log-sum-exp (flash-decoding over pages: no
+sequence's whole cache is gathered at once). Each query sees its sequence's positions up to
+its own (causal), so a prompt (``T > 1``) and decoding steps (``T = 1``) use the same path.
+
+Shapes: ``B`` sequences in the batch, ``T`` new tokens each, ``H`` / ``Hkv`` heads, ``D``
+head width, ``N`` blocks, ``b`` block size.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from qkv.attention.sdpa import scaled_dot_product_attention
+from qkv.nn.cache import KVCache, LayerKVCache
+
+__all__ = ["PagedKVCache", "PagedLayer"]
+
+CHUNK_BLOCKS = 32  # blocks attended per core call (512 positions of 16)
+
+
+class PagedLayer(LayerKVCache):
+    """One layer's block pools; its attention goes through :meth:`attend`."""
+
+    paged = True
+
+    def __init__(self, owner: PagedKVCache, shape: tuple[int, int, int, int],
+                 dtype: torch.dtype, device) -> None:  # fmt: skip
+        super().__init__()
+        self.owner = owner
+        self.k_pool = torch.zeros(shape, dtype=dtype, device=device)  # (N, Hkv, b, D)
+        self.v_pool = torch.zeros(shape, dtype=dtype, device=device)  # (N, Hkv, b, D)
+
+    @property
+    def length(self) -> int:
+        lengths = self.owner.lengths
+        return 0 if lengths is None else int(lengths.max())
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor:
+        """Store ``k, v (B, Hkv, T, D)`` at the batch's next positions, then attend ``q (B, H,
+        T, D)`` over each sequence's positions up to each query's; returns ``(B, H, T, D)``."""
+        o = self.owner
+        if o.tables is None or o.lengths is None or o.tables.shape[0] != q.shape[0]:
+            raise ValueError("PagedKVCache.set_batch must name this batch's sequences first")
+        T = q.shape[2]
+        pos = o.lengths[:, None] + torch.arange(T, device=q.device)  # (B, T)
+        block = o.tables.gather(1, pos // o.block_size)  # (B, T)
+        self.k_pool[block, :, pos % o.block_size] = k.transpose(1, 2)  # (B, T, Hkv, D)
+        self.v_pool[block, :, pos % o.block_size] = v.transpose(1, 2)
+        needed = int(pos.max()) // o.block_size + 1  # blocks holding positions 0 .. max
+        parts = [self._chunk(q, pos, c, min(c + CHUNK_BLOCKS, needed), scale)
+                 for c in range(0, needed, CHUNK_BLOCKS)]  # fmt: skip
+        return _merge(parts)
+
+    def _chunk(self, q: Tensor, pos: Tensor, first: int, last: int, scale: float | None):
+        """Partial attention over blocks ``first .. last - 1`` of every table: ``(out, lse)``."""
+        o = self.owner
+        ids = o.tables[:, first:last]  # (B, c)
+        B, c = ids.shape
+        Hkv, b, D = self.k_pool.shape[1:]
+        keys = self.k_pool[ids].transpose(1, 2).reshape(B, Hkv, c * b, D)  # (B, Hkv, c·b, D)
+        values = self.v_pool[ids].transpose(1, 2).reshape(B, Hkv, c * b, -1)
+        key_pos = first * b + torch.arange(c * b, device=q.device)  # (c·b,)
+        keep = key_pos[None, None, :] <= pos[:, :, None]  # (B, T, c·b): causal, own sequence
+        return scaled_dot_product_attention(
+            q, keys, values, attn_mask=keep[:, None], scale=scale,
+            enable_gqa=q.shape[1] != Hkv, return_lse=True)  # (B, H, T, D), (B, H, T)
+
+
+def _merge(parts: list[tuple[Tensor, Tensor]]) -> Tensor:
+    """Partial outputs with their log-sum-exps merged into one ``(B, H, T, D)``."""
+    if len(parts) == 1:
+        return parts[0][0]
+    lse = torch.stack([p[1] for p in parts])  # (C, B, H, T)
+    top = lse.amax(dim=0)  # (B, H, T)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    w = (lse - top).exp()  # (C, B, H, T); 0 for chunks a row does not see
+    out = sum(p[0] * w[i, ..., None] for i, p in enumerate(parts))
+    return out / w.sum(dim=0)[..., None].clamp(min=torch.finfo(w.dtype).tiny)
+
+
+class PagedKVCache(KVCache):
+    """Block pools for ``num_layers`` layers and the free list of their blocks.
+
+    Args:
+        num_layers: attention layers.
+        num_blocks, block_size: the pool: ``num_blocks`` blocks of ``block_size`` positions.
+        kv_heads, head_dim: ``Hkv`` and ``D`` of the model's keys and values.
+        dtype, device: of the pools.
+
+    Raises:
+        ValueError: sizes that are not positive ints.
+    """
+
+    def __init__(self, num_layers: int, *, num_blocks: int, block_size: int, kv_heads: int,
+                 head_dim: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:  # fmt: skip
+        super().__init__(num_layers)
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size),
+                            ("kv_heads", kv_heads), ("head_dim", head_dim)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.block_size, self.num_blocks = block_size, num_blocks
+        shape = (num_blocks, kv_heads, block_size, head_dim)
+        self.layers = [PagedLayer(self, shape, dtype, device) for _ in range(num_layers)]
+        self.free = list(range(num_blocks - 1, -1, -1))
+        self.tables: Tensor | None = None  # (B, blocks) of the current batch
+        self.lengths: Tensor | None = None  # (B,) positions cached before this forward
+
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks that hold ``tokens`` positions."""
+        return -(-tokens // self.block_size)
+
+    def allocate(self, n: int) -> list[int]:
+        """Take ``n`` free blocks.
+
+        Raises:
+            MemoryError: fewer than ``n`` free (the caller waits and tries again).
+        """
+        if n > len(self.free):
+            raise MemoryError(f"{n} blocks asked, {len(self.free)} free of {self.num_blocks}")
+        return [self.free.pop() for _ in range(n)]
+
+    def release(self, blocks: list[int]) -> None:
+        """Give ``blocks`` back to the pool."""
+        self.free.extend(reversed(blocks))
+
+    def set_batch(self, tables: list[list[int]], lengths: list[int]) -> None:
+        """The next forward's sequences: their block tables and cached positions (each table
+        must cover the cached and the new positions)."""
+        width = max(len(t) for t in tables)
+        device = self.layers[0].k_pool.device
+        self.tables = torch.tensor([t + [t[0]] * (width - len(t)) for t in tables],
+                                   device=device)  # (B, blocks), padded with a real id
+        self.lengths = torch.tensor(lengths, device=device)  # (B,)
