@@ -24,7 +24,20 @@ from typing import Annotated, Any, TextIO
 import typer
 from rich.console import Console
 
-from qkv.cli.common import FLAG, LM_NEW_TOKENS, Seed, Temperature, TopK, TopP, status
+from qkv.cli.common import (
+    FLAG,
+    LM_NEW_TOKENS,
+    MinP,
+    NoRepeatNgram,
+    RepetitionPenalty,
+    Seed,
+    Stop,
+    Temperature,
+    TopK,
+    TopP,
+    controls_of,
+    status,
+)
 
 __all__ = ["Conversation", "command", "run_chat"]
 
@@ -182,6 +195,10 @@ def command(
     top_k: TopK = None,
     top_p: TopP = None,
     seed: Seed = None,
+    repetition_penalty: RepetitionPenalty = None,
+    no_repeat_ngram_size: NoRepeatNgram = None,
+    min_p: MinP = None,
+    stop: Stop = None,
     endless: Annotated[bool, typer.Option(
         "--endless", metavar=FLAG, help="Hold the conversation in an attention-sink cache "
         "(the first 4 tokens and the last --window): flat memory however long the chat; "
@@ -213,6 +230,11 @@ def command(
                          f"{model} --no-chat --prompt ...")  # fmt: skip
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                    top_p=top_p, seed=seed)  # fmt: skip
+    controls = controls_of(repetition_penalty, no_repeat_ngram_size, min_p, stop)
+    if controls and endless:
+        raise ValueError("--endless decodes with its own loop: no --repetition-penalty, "
+                         "--no-repeat-ngram-size, --min-p or --stop with it yet")  # fmt: skip
+    options.update(controls)
     held = None
     if endless:
         from qkv.pretrained.endless_chat import EndlessChat

@@ -338,6 +338,50 @@ TopP = Annotated[float | None, typer.Option(
     "--top-p", min=0.0, max=1.0, help="Sample within the nucleus of probability mass p.",
 )]
 Seed = Annotated[int | None, typer.Option("--seed", help="Seed of the sampling.")]
+RepetitionPenalty = Annotated[float | None, typer.Option(
+    "--repetition-penalty", min=0.0, show_default=False,
+    help="Divide (or multiply, if negative) the logits of tokens already in the text by this "
+    "(transformers' repetition_penalty; 1.2 is common).",
+)]
+NoRepeatNgram = Annotated[int | None, typer.Option(
+    "--no-repeat-ngram-size", min=1, show_default=False,
+    help="Never repeat an n-gram of this size.",
+)]
+MinP = Annotated[float | None, typer.Option(
+    "--min-p", min=0.0, max=1.0, show_default=False,
+    help="Sample only tokens at least this fraction as probable as the likeliest.",
+)]
+Stop = Annotated[list[str] | None, typer.Option(
+    "--stop", show_default=False,
+    help="End the text before this string (matched on the text; repeat for several).",
+)]
+
+
+def controls_of(repetition_penalty: float | None, no_repeat_ngram_size: int | None,
+                min_p: float | None, stop: list[str] | None) -> dict[str, Any]:
+    """The ``controls=`` / ``stop=`` options of a bundle's ``generate`` for these flags
+    (nothing when none is given).
+
+    Raises:
+        ValueError: a value the controls refuse, naming the flag.
+    """
+    from qkv.generate import GenerationControls
+
+    fields = {"repetition_penalty": repetition_penalty, "min_p": min_p,
+              "no_repeat_ngram_size": no_repeat_ngram_size}  # fmt: skip
+    given = {k: v for k, v in fields.items() if v is not None}
+    out: dict[str, Any] = {}
+    if given:
+        try:
+            out["controls"] = GenerationControls(**given)
+        except ValueError as err:
+            name = next((k for k in given if k in str(err)), next(iter(given)))
+            raise ValueError(f"--{name.replace('_', '-')}: {err}") from None
+    if stop:
+        if not all(stop):
+            raise ValueError("--stop: a stop string cannot be empty")
+        out["stop"] = list(stop)
+    return out
 
 
 def human_bytes(n: int) -> str:

@@ -34,12 +34,17 @@ from qkv.cli.common import (
     TRANSLATION_NEW_TOKENS,
     BeamAlias,
     BeamSize,
+    MinP,
+    NoRepeatNgram,
+    RepetitionPenalty,
     Seed,
+    Stop,
     Temperature,
     TopK,
     TopP,
     beam_of,
     blank_output_hint,
+    controls_of,
     warn,
 )
 from qkv.cli.inputs import read_items
@@ -294,6 +299,10 @@ def command(
     top_k: TopK = None,
     top_p: TopP = None,
     seed: Seed = None,
+    repetition_penalty: RepetitionPenalty = None,
+    no_repeat_ngram_size: NoRepeatNgram = None,
+    min_p: MinP = None,
+    stop: Stop = None,
     beam_size: BeamSize = None,
     beam: BeamAlias = None,
     chat: Annotated[bool | None, typer.Option(
@@ -348,6 +357,14 @@ def command(
     source = resolve_source(checkpoint, model)
     beam, typed = beam_of(beam_size, beam)
     options = decoding_options(temperature, top_k, top_p, seed, beam, compile, typed)
+    controls = controls_of(repetition_penalty, no_repeat_ngram_size, min_p, stop)
+    if controls and beam is not None:
+        raise ValueError(f"{typed} {beam} (beam search) takes no --repetition-penalty, "
+                         "--no-repeat-ngram-size, --min-p or --stop; drop one")  # fmt: skip
+    if "stop" in controls and source.kind != "pretrained":
+        raise ValueError("--stop needs a pretrained model's tokenizer (--model); a checkpoint "
+                         "decodes with its own")  # fmt: skip
+    options.update(controls)
     mode = None if quantize is None else quantize.value
     if stream and (source.kind != "pretrained" or beam is not None or as_json):
         raise ValueError("--stream prints a pretrained language model's tokens as they come; "

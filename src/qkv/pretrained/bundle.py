@@ -23,6 +23,7 @@ from torch import Tensor
 
 from qkv.checks import positive_int
 from qkv.models import DecoderLM, Encoder
+from qkv.pretrained.stop_text import check_stops, cut_at_stop, held_back
 
 __all__ = ["DecoderBundle", "EncoderBundle", "cosine_table"]
 
@@ -189,28 +190,30 @@ class DecoderBundle:
         return ids
 
     def _options(self, max_new_tokens: int, temperature: float, top_k: int | None,
-                 top_p: float | None, seed: int | None,
-                 compile: bool = False) -> dict[str, Any]:  # fmt: skip
+                 top_p: float | None, seed: int | None, compile: bool = False,
+                 controls: Any = None) -> dict[str, Any]:  # fmt: skip
         return dict(max_new_tokens=positive_int("max_new_tokens", max_new_tokens),
                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                    eos_id=self.eos_id, compile=compile)  # fmt: skip
+                    eos_id=self.eos_id, compile=compile, controls=controls)  # fmt: skip
 
     def generate_ids(self, prompt_or_messages: object, max_new_tokens: int = 128, *,
                      temperature: float = 0.0, top_k: int | None = None,
                      top_p: float | None = None, seed: int | None = None,
-                     compile: bool = False, chat: bool | None = None) -> list[int]:  # fmt: skip
+                     compile: bool = False, chat: bool | None = None,
+                     controls: Any = None) -> list[int]:  # fmt: skip
         """The new token ids (EOS not included); arguments as :meth:`generate`."""
         from qkv.generate import generate, strip
 
         ids = self.prompt_ids(prompt_or_messages, chat)
         out = generate(self.model, [ids], **self._options(
-            max_new_tokens, temperature, top_k, top_p, seed, compile))  # (1, L)
+            max_new_tokens, temperature, top_k, top_p, seed, compile, controls))  # (1, L)
         return strip(out, self.eos_id)[0]
 
     def generate(self, prompt_or_messages: object, max_new_tokens: int = 128, *,
                  temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None,
-                 compile: bool = False, chat: bool | None = None) -> str:  # fmt: skip
+                 compile: bool = False, chat: bool | None = None, controls: Any = None,
+                 stop: str | Sequence[str] = ()) -> str:  # fmt: skip
         """Continue a prompt, or answer a chat, and return the new text.
 
         Args:
@@ -225,6 +228,10 @@ class DecoderBundle:
                 ``torch.compile`` (:mod:`qkv.generate.compiled`; the first call compiles,
                 ~45 s for SmolLM2-135M on 2 cores; later calls reuse it). Same tokens.
             chat: how a string prompt is read (see :meth:`prompt_ids`).
+            controls: a :class:`qkv.generate.GenerationControls` (repetition penalty,
+                n-gram and bad-word bans, min-p, minimum and forced lengths), or None.
+            stop: stop strings: the text ends before the first one it contains, matched on
+                the decoded text (:mod:`qkv.pretrained.stop_text`).
 
         Returns:
             The generated text, special tokens removed.
@@ -232,9 +239,13 @@ class DecoderBundle:
         Raises:
             TypeError / ValueError: as :meth:`prompt_ids`, and bad sampling options.
         """
+        if stop:
+            return "".join(self.stream(prompt_or_messages, max_new_tokens, temperature=temperature,
+                                       top_k=top_k, top_p=top_p, seed=seed, compile=compile,
+                                       chat=chat, controls=controls, stop=stop))  # fmt: skip
         ids = self.generate_ids(prompt_or_messages, max_new_tokens, temperature=temperature,
                                 top_k=top_k, top_p=top_p, seed=seed, compile=compile,
-                                chat=chat)  # fmt: skip
+                                chat=chat, controls=controls)  # fmt: skip
         if self.tokenizer is None:
             raise TypeError(f"{self.name} has no tokenizer; use generate_ids")
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -243,32 +254,40 @@ class DecoderBundle:
                temperature: float = 0.0, top_k: int | None = None,
                top_p: float | None = None, seed: int | None = None,
                compile: bool = False, counter: list[int] | None = None,
-               chat: bool | None = None) -> Iterator[str]:  # fmt: skip
+               chat: bool | None = None, controls: Any = None,
+               stop: str | Sequence[str] = ()) -> Iterator[str]:  # fmt: skip
         """Like :meth:`generate`, yielding text pieces as soon as they are decodable.
 
         A piece is held back while it ends inside a multi-byte character (a byte-level token
-        can hold half of an emoji), so every yielded piece is valid text and the pieces join
-        to :meth:`generate`'s result. ``counter``, a list, gets one entry appended per new
-        token (how many were generated, for a tokens/s figure).
+        can hold half of an emoji) or could be the start of a stop string, so every yielded
+        piece is valid text and the pieces join to :meth:`generate`'s result. ``counter``, a
+        list, gets one entry appended per new token (how many were generated, for a
+        tokens/s figure).
         """
         from qkv.generate import stream
 
         if self.tokenizer is None:
             raise TypeError(f"{self.name} has no tokenizer; use generate_ids")
+        stops = check_stops(stop) if stop else ()
         ids = self.prompt_ids(prompt_or_messages, chat)
-        options = self._options(max_new_tokens, temperature, top_k, top_p, seed, compile)
+        options = self._options(max_new_tokens, temperature, top_k, top_p, seed, compile,
+                                controls)  # fmt: skip
         new: list[int] = []
-        shown = ""
+        shown, text = "", ""
         for token in stream(self.model, ids, **options):
             new.append(token)
             if counter is not None:
                 counter.append(token)
             text = self.tokenizer.decode(new, skip_special_tokens=True)
+            end = cut_at_stop(text, stops)
+            if end >= 0:
+                text = text[:end]
+                break
             if text.endswith("\ufffd") or not text.startswith(shown):
                 continue  # an incomplete UTF-8 sequence: wait for the next token
-            if len(text) > len(shown):
-                yield text[len(shown):]
-                shown = text
-        text = self.tokenizer.decode(new, skip_special_tokens=True)
+            ready = text[: len(text) - held_back(text, stops)]
+            if len(ready) > len(shown):
+                yield ready[len(shown):]
+                shown = ready
         if text != shown:
             yield text[len(shown):] if text.startswith(shown) else text

@@ -1,0 +1,79 @@
+"""Stop strings and generation controls through a pretrained bundle and the CLI (issue 29):
+matched on the text across token boundaries, never shown in part while streaming."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+from typer.testing import CliRunner
+
+import qkv.pretrained
+from qkv.cli.app import app
+from qkv.generate import GenerationControls, greedy, strip
+from qkv.pretrained.stop_text import check_stops, cut_at_stop, held_back
+
+PROMPT = "List three fruits, one per line."
+
+
+@cache
+def smollm2():
+    return qkv.pretrained.load("SmolLM2-135M-Instruct")
+
+
+@pytest.mark.parametrize("text,stops,cut,held", [
+    ("abc\n\nd", ["\n\n"], 3, 0), ("abc\n", ["\n\n"], -1, 1), ("ab", ["xyz"], -1, 0),
+    ("END. The", ["The end", "END"], 0, 3), ("a The e", ["The end"], -1, 5),
+    ("", ["x"], -1, 0),
+])  # fmt: skip
+def test_cut_and_held_back(text, stops, cut, held):
+    assert cut_at_stop(text, stops) == cut
+    assert held_back(text, stops) == held
+
+
+def test_bad_stops_are_refused():
+    for bad in ([""], [1], 5, None):
+        with pytest.raises(ValueError, match="stop must be"):
+            check_stops(bad)
+
+
+def test_stop_cuts_the_text_and_streaming_never_shows_a_partial_stop():
+    bundle = smollm2()
+    full = bundle.generate(PROMPT, 40)
+    assert "\n" in full, full
+    assert bundle.generate(PROMPT, 40, stop="\n") == full[: full.index("\n")]
+    stop = full[full.index("\n") : full.index("\n") + 3]  # a stop spanning several tokens
+    pieces = list(bundle.stream(PROMPT, 40, stop=[stop]))
+    assert "".join(pieces) == full[: full.index(stop)]
+    shown = ""
+    for piece in pieces:
+        shown += piece
+        assert held_back(shown, [stop]) == 0 or shown == full[: full.index(stop)], shown
+
+
+def test_controls_reach_the_model_through_the_bundle():
+    bundle = smollm2()
+    controls = GenerationControls(repetition_penalty=1.5, no_repeat_ngram_size=3)
+    ids = bundle.prompt_ids(PROMPT)
+    want = strip(greedy(bundle.model, [ids], max_new_tokens=30, eos_id=bundle.eos_id,
+                        controls=controls), bundle.eos_id)[0]  # fmt: skip
+    got = bundle.generate(PROMPT, 30, controls=controls)
+    assert got == bundle.tokenizer.decode(want, skip_special_tokens=True)
+    assert got != bundle.generate(PROMPT, 30)
+
+
+def test_the_generate_command_takes_controls_and_stops():
+    bundle = smollm2()
+    full = bundle.generate(PROMPT, 40)
+    run = CliRunner().invoke(app, ["generate", "-m", "SmolLM2-135M-Instruct", "-p", PROMPT,
+                                   "-n", "40", "--stop", "\n"])  # fmt: skip
+    assert run.exit_code == 0, run.output
+    assert run.stdout.strip() == full[: full.index("\n")].strip()
+    run = CliRunner().invoke(app, ["generate", "-m", "SmolLM2-135M-Instruct", "-p", PROMPT,
+                                   "-n", "30", "--repetition-penalty", "1.5",
+                                   "--no-repeat-ngram-size", "3"])  # fmt: skip
+    controls = GenerationControls(repetition_penalty=1.5, no_repeat_ngram_size=3)
+    assert run.stdout.strip() == bundle.generate(PROMPT, 30, controls=controls).strip()
+    bad = CliRunner().invoke(app, ["generate", "-m", "SmolLM2-135M-Instruct", "-p", PROMPT,
+                                   "--beam-size", "2", "--min-p", "0.1"])  # fmt: skip
+    assert bad.exit_code != 0 and "--min-p" in bad.output and "Traceback" not in bad.output
