@@ -177,9 +177,9 @@ def test_translate_text_and_the_command_line(root, family):
     ours = bundle.translate(texts, max_new_tokens=12)
     _, src, keep = _batch(bundle)
     with torch.no_grad():
+        # the folder's generation_config.json (forced EOS at the limit) applies to both
         out = ref.generate(src[:2], attention_mask=keep[:2], do_sample=False, num_beams=1,
-                           max_new_tokens=12, forced_bos_token_id=None,
-                           forced_eos_token_id=None)  # fmt: skip
+                           max_new_tokens=12, forced_bos_token_id=None)  # fmt: skip
     assert ours == [bundle.tokenizer.decode(r, skip_special_tokens=True) for r in out]
     assert bundle.generate(texts[0], 12) == ours[0]
     result = runner.invoke(app, ["translate", "--model", str(folder), "--max-new-tokens", "12",
@@ -341,8 +341,7 @@ def test_opus_mt_folder_with_sentencepiece_files(tmp_path):
     texts = OPUS_TEXTS[:3]
     batch = ref_tok(texts, return_tensors="pt", padding=True)
     with torch.no_grad():
-        out = ref.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=10,
-                           forced_eos_token_id=None)  # fmt: skip
+        out = ref.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=10)
     expected = ref_tok.batch_decode(out, skip_special_tokens=True)
     assert bundle.translate(texts, max_new_tokens=10) == expected
     assert all(expected), expected  # real text, not empty strings

@@ -21,6 +21,8 @@ Scores stay in float32 with transformers' ``-1e9`` sentinels, so ties break the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
@@ -56,6 +58,8 @@ def beam_search_hf(
     eos_id: int | None = None,
     pad_id: int | None = None,
     bos_id: int | None = None,
+    banned: Sequence[int] = (),
+    forced_eos: bool = False,
 ) -> Tensor:
     """Beam search with transformers' scoring and stopping (see the module docstring).
 
@@ -67,6 +71,10 @@ def beam_search_hf(
             log-probability (transformers' ``length_penalty``).
         early_stopping: ``True``, ``False`` or ``"never"`` (transformers' ``early_stopping``).
         num_return: hypotheses returned per input (<= ``beam_size``), best first.
+        banned: token ids never generated (transformers' one-token ``bad_words_ids``: their
+            log-probabilities set to ``-inf`` after the softmax, not renormalised).
+        forced_eos: the last step can only be EOS, with log-probability 0 (transformers'
+            ``forced_eos_token_id`` at the length limit).
 
     Returns:
         ``tokens (B, L)`` (``(B, num_return, L)`` when ``num_return > 1``): new tokens, EOS
@@ -87,7 +95,18 @@ def beam_search_hf(
     eos, pad, bos, fill = _ids(model, eos_id, pad_id, bos_id)
     session = make_session(model, inputs, N, pad_id=pad, bos_id=bos)
     B = session.batch
-    logp = session.first().float().log_softmax(-1)  # (B, V)
+    if forced_eos and eos is None:
+        raise ValueError("forced_eos needs an eos_id (the model config has none)")
+    ban = torch.tensor(list(banned), dtype=torch.long)
+
+    def processed(logits: Tensor, t: int) -> Tensor:
+        logp = logits.float().log_softmax(-1)  # (rows, V)
+        logp[:, ban.to(logp.device)] = float("-inf")
+        if forced_eos and t == N - 1:
+            logp.fill_(float("-inf"))[:, eos] = 0.0
+        return logp
+
+    logp = processed(session.first(), 0)  # (B, V)
     device, V = logp.device, logp.shape[-1]
     session.select(torch.arange(B, device=device).repeat_interleave(K))
     logp = logp.repeat_interleave(K, dim=0)  # (B*K, V)
@@ -139,6 +158,6 @@ def beam_search_hf(
             break
         # 5) move the KV cache to the continuing beams; one cached step
         session.select((batch_rows + src_beam).reshape(-1))
-        logp = session.next(run_seqs[:, :, t].reshape(-1)).float().log_softmax(-1)  # (B*K, V)
+        logp = processed(session.next(run_seqs[:, :, t].reshape(-1)), t + 1)  # (B*K, V)
     out = fin_seqs[:, :num_return, : int(fin_len[:, :num_return].max())]  # (B, R, L)
     return out[:, 0] if num_return == 1 else out

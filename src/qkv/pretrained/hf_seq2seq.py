@@ -27,6 +27,7 @@ from typing import Any
 
 from qkv.data.files import BadFileError, read_json, reading
 from qkv.models import Seq2SeqConfig, Seq2SeqTransformer
+from qkv.pretrained.generation_config import read_generation_config
 from qkv.pretrained.hf_bart import bart_config, bart_entries, bart_ignored
 from qkv.pretrained.hf_common import build_checked, check_folder_model, open_weights
 from qkv.pretrained.hf_marian import (
@@ -121,4 +122,5 @@ def load_hf_seq2seq_folder(
     tokenizer = seq2seq_tokenizer(folder)
     model = build_checked(config, weights, Seq2SeqTransformer, entries, ignored)
     source = {"format": "huggingface", "model_type": kind, "path": str(folder)}
-    return Seq2SeqBundle(model, tokenizer, name or str(folder), source)
+    generation = read_generation_config(folder, config.eos_id)
+    return Seq2SeqBundle(model, tokenizer, name or str(folder), source, generation)

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from qkv.checks import is_int, positive_int
 from qkv.models import Seq2SeqTransformer
+from qkv.pretrained.generation_config import FolderGeneration
 
 __all__ = ["Seq2SeqBundle"]
 
@@ -38,12 +39,15 @@ class Seq2SeqBundle:
             without tokenizer files (then inputs must be token ids).
         name: the packaged name or the folder.
         source: where the weights came from.
+        generation: the folder's ``generation_config.json`` (beams, length, banned tokens),
+            used when a call sets no decoding option of its own; None: plain greedy.
     """
 
     model: Seq2SeqTransformer
     tokenizer: Any
     name: str
     source: dict[str, Any] = field(default_factory=dict)
+    generation: FolderGeneration | None = None
 
     @property
     def config(self) -> Any:
@@ -117,6 +121,10 @@ class Seq2SeqBundle:
         if not sources:
             raise ValueError("give at least one source")
         rows = [self.source_ids(s) for s in sources]
+        g = self.generation
+        if g is not None and beam_size is None and not alpha and temperature == 0 \
+                and length_penalty is None:  # fmt: skip
+            return self._as_folder_says(rows, max_new_tokens, compile)
         n = self._limit(max(len(r) for r in rows), max_new_tokens)
         if compile and beam_size is not None:
             raise ValueError("compile=True (a static KV cache) does not serve beam search; "
@@ -132,6 +140,30 @@ class Seq2SeqBundle:
         tokens = generate(self.model, rows, max_new_tokens=n, beam_size=beam_size, alpha=alpha,
                           temperature=temperature, top_k=top_k, top_p=top_p,
                           seed=seed, compile=compile)  # (N, L)  # fmt: skip
+        return strip(tokens, self.config.eos_id)
+
+    def _as_folder_says(self, rows: list[list[int]], max_new_tokens: int | None,
+                        compile: bool) -> list[list[int]]:  # fmt: skip
+        """Decode as the folder's ``generation_config.json`` asks (transformers' way)."""
+        from qkv.generate import GenerationControls, beam_search_hf, generate, strip
+
+        g = self.generation
+        assert g is not None
+        if max_new_tokens is None and (g.max_new_tokens or g.max_length):
+            max_new_tokens = min(g.max_new_tokens or g.max_length - 1, self.config.max_len)
+        n = self._limit(max(len(r) for r in rows), max_new_tokens)
+        if g.num_beams > 1:
+            banned = [w[0] for w in g.bad_words_ids if len(w) == 1]
+            tokens = beam_search_hf(self.model, rows, beam_size=g.num_beams, max_new_tokens=n,
+                                    length_penalty=g.length_penalty,
+                                    early_stopping=g.early_stopping, banned=banned,
+                                    forced_eos=g.forced_eos)  # (N, L)  # fmt: skip
+            return strip(tokens, self.config.eos_id)
+        controls = GenerationControls(
+            repetition_penalty=g.repetition_penalty, no_repeat_ngram_size=g.no_repeat_ngram_size,
+            bad_words_ids=g.bad_words_ids, forced_eos=g.forced_eos)  # fmt: skip
+        tokens = generate(self.model, rows, max_new_tokens=n, controls=controls,
+                          compile=compile)  # (N, L)  # fmt: skip
         return strip(tokens, self.config.eos_id)
 
     def _decode(self, ids: list[int]) -> str:
