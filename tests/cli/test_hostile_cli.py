@@ -138,6 +138,11 @@ HOSTILE = [
     (["bench", "--repeats", "0"], ["--repeats"]),
     (["bench", "--threads", "0"], ["--threads"]),
     (["bench", "--out", "UNDER"], ["--out", "cannot be created"]),
+    # serve (refused before anything listens)
+    (["serve", MARKUP], [MARKUP]),
+    (["serve", "--port", "70000"], ["--port"]),
+    (["serve", "--max-batch", "0"], ["--max-batch"]),
+    (["serve", "--num-blocks", "0"], ["--num-blocks"]),
     # the group itself
     (["no-such-command"], ["no-such-command"]),
 ]

@@ -142,3 +142,26 @@ def test_bad_requests_and_models_are_refused():
     engine.start().shutdown(timeout=TIMEOUT)
     with pytest.raises(ValueError, match="shutting down"):
         engine.submit([1, 2], SamplingParams(max_new_tokens=4))
+
+
+def test_a_request_whose_prefill_fails_ends_with_its_error_and_frees_its_blocks(monkeypatch):
+    model = _model()
+    engine = BatchingEngine(model, max_batch=4, block_size=4, num_blocks=32)
+    real = engine._prefill
+
+    def failing(run):
+        if run.request.prompt == [13, 13]:
+            raise RuntimeError("boom")
+        return real(run)
+
+    monkeypatch.setattr(engine, "_prefill", failing)
+    engine.start()
+    try:
+        bad = engine.submit([13, 13], SamplingParams(max_new_tokens=5))
+        good = engine.submit([7, 8, 9], SamplingParams(max_new_tokens=5))
+        with pytest.raises(RuntimeError, match="boom"):
+            list(bad.tokens(timeout=TIMEOUT))
+        assert list(good.tokens(timeout=TIMEOUT)) == _alone(model, [7, 8, 9], 5, eos=None)
+    finally:
+        engine.shutdown(timeout=TIMEOUT)
+    assert bad.finish_reason == "error" and len(engine.cache.free) == 32

@@ -59,6 +59,8 @@ COMMAND_TABLE: tuple[tuple[str, str, str], ...] = (
      "from a pretrained model."),
     ("chat", "qkv.cli.chat_cmd", "Chat with a language model; replies stream as they are "
      "generated."),
+    ("serve", "qkv.cli.serve_cmd", "Serve a language model over HTTP with OpenAI's API "
+     "(completions and chat), requests batched together."),
     ("embed", "qkv.cli.embed_cmd", "Embed texts with a sentence encoder and print their "
      "cosine-similarity table."),
     ("transcribe", "qkv.cli.transcribe_cmd", "Transcribe speech to text, offline, with Whisper "

@@ -170,7 +170,11 @@ class BatchingEngine:
                     return  # waits for blocks to come back
                 self.waiting.popleft()
             run = _Running(request, self.cache.allocate(need), chooser=_chooser(request.params))
-            self._prefill(run)
+            try:
+                self._prefill(run)
+            except Exception as err:  # the failed request ends; the others go on
+                request.finish("error", err)
+                self.cache.release(run.blocks)
 
     def _prefill(self, run: _Running) -> None:
         prompt = run.request.prompt

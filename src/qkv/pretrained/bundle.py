@@ -23,7 +23,7 @@ from torch import Tensor
 
 from qkv.checks import positive_int
 from qkv.models import DecoderLM, Encoder
-from qkv.pretrained.stop_text import check_stops, cut_at_stop, held_back
+from qkv.pretrained.stop_text import TextStream, check_stops
 
 __all__ = ["DecoderBundle", "EncoderBundle", "cosine_table"]
 
@@ -268,26 +268,19 @@ class DecoderBundle:
 
         if self.tokenizer is None:
             raise TypeError(f"{self.name} has no tokenizer; use generate_ids")
-        stops = check_stops(stop) if stop else ()
+        text = TextStream(lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+                          check_stops(stop) if stop else ())
         ids = self.prompt_ids(prompt_or_messages, chat)
         options = self._options(max_new_tokens, temperature, top_k, top_p, seed, compile,
                                 controls)  # fmt: skip
-        new: list[int] = []
-        shown, text = "", ""
         for token in stream(self.model, ids, **options):
-            new.append(token)
             if counter is not None:
                 counter.append(token)
-            text = self.tokenizer.decode(new, skip_special_tokens=True)
-            end = cut_at_stop(text, stops)
-            if end >= 0:
-                text = text[:end]
-                break
-            if text.endswith("\ufffd") or not text.startswith(shown):
-                continue  # an incomplete UTF-8 sequence: wait for the next token
-            ready = text[: len(text) - held_back(text, stops)]
-            if len(ready) > len(shown):
-                yield ready[len(shown):]
-                shown = ready
-        if text != shown:
-            yield text[len(shown):] if text.startswith(shown) else text
+            piece = text.push(token)
+            if piece:
+                yield piece
+            if text.stopped:
+                return
+        rest = text.close()
+        if rest:
+            yield rest

@@ -1,0 +1,235 @@
+"""``qkv serve``: OpenAI's API on the batching engine, over real HTTP on 127.0.0.1, driven by
+OpenAI's own client. References: greedy decoding of each request alone
+(``bundle.generate_ids``, i.e. ``qkv.generate.greedy``), so the server, the engine and the text
+handling are exact; a client that leaves mid-stream frees its request's blocks."""
+
+from __future__ import annotations
+
+import functools
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("fastapi", reason="qkv serve needs the serve extra")
+uvicorn = pytest.importorskip("uvicorn", reason="qkv serve needs the serve extra")
+openai = pytest.importorskip("openai", reason="the tests talk through OpenAI's client")
+httpx = pytest.importorskip("httpx")
+
+import qkv.pretrained  # noqa: E402
+from qkv.cli.app import app  # noqa: E402
+from qkv.cli.serve_app import make_app  # noqa: E402
+from qkv.generate.batching import BatchingEngine  # noqa: E402
+
+MODEL = "SmolLM2-135M-Instruct"
+TIMEOUT = 30  # seconds any call, start or stop waits
+LIMIT = 600  # the server's --max-tokens
+PROMPTS = ["The capital of France is", "Once upon a time, a small robot", "def add(a, b):",
+           "Water boils at"]  # fmt: skip
+
+
+@functools.cache
+def smollm2():
+    return qkv.pretrained.load(MODEL)
+
+
+@functools.cache
+def alone(prompt: str | tuple, n: int) -> str:
+    """Greedy text of one request by itself (a str: raw completion; a tuple: chat messages)."""
+    bundle = smollm2()
+    chat = isinstance(prompt, tuple)
+    what = [dict(m) for m in prompt] if chat else prompt
+    return bundle.tokenizer.decode(bundle.generate_ids(what, n, chat=chat),
+                                   skip_special_tokens=True)  # fmt: skip
+
+
+@dataclass
+class Served:
+    port: int
+    engine: BatchingEngine
+    submitted: list  # every engine Request, in order
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="x", timeout=TIMEOUT,
+                             max_retries=0)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def served():
+    bundle = smollm2()
+    engine = BatchingEngine(bundle.model, eos_id=bundle.eos_id, max_batch=4, num_blocks=160)
+    submitted, submit = [], engine.submit
+    engine.submit = lambda *a, **k: submitted.append(submit(*a, **k)) or submitted[-1]
+    web = make_app(bundle, engine, max_tokens_limit=LIMIT, max_request_bytes=100_000)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))  # a free port, held from the start (no race)
+    server = uvicorn.Server(uvicorn.Config(web, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    out = Served(sock.getsockname()[1], engine, submitted)
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        try:
+            if httpx.get(f"{out.url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "the server did not answer /health"
+            time.sleep(0.05)
+    yield out
+    server.should_exit = True
+    thread.join(TIMEOUT)
+    assert not thread.is_alive(), "the server did not stop"
+    assert not engine._thread.is_alive(), "the engine did not stop with the server"
+
+
+def test_health_and_models(served):
+    assert httpx.get(f"{served.url}/health", timeout=TIMEOUT).json() == {"status": "ok"}
+    assert [m.id for m in served.client().models.list().data] == [MODEL]
+
+
+def test_completion_is_greedy_decoding_alone(served):
+    got = served.client().completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=12,
+                                             temperature=0)  # fmt: skip
+    ids = smollm2().tokenizer.encode(PROMPTS[0])
+    assert got.choices[0].text == alone(PROMPTS[0], 12)
+    assert got.choices[0].finish_reason == "length"
+    assert (got.usage.prompt_tokens, got.usage.completion_tokens) == (len(ids), 12)
+    by_ids = served.client().completions.create(model=MODEL, prompt=ids, max_tokens=12,
+                                                temperature=0)  # fmt: skip
+    assert by_ids.choices[0].text == got.choices[0].text
+
+
+def test_streamed_completion_joins_to_the_whole(served):
+    chunks = list(served.client().completions.create(
+        model=MODEL, prompt=PROMPTS[1], max_tokens=16, temperature=0, stream=True,
+        stream_options={"include_usage": True}))  # fmt: skip
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == alone(PROMPTS[1], 16)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 16
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_is_the_chat_template_then_greedy(served, stream):
+    messages = ({"role": "system", "content": "Answer in one word."},
+                {"role": "user", "content": "What colour is the sky?"})
+    got = served.client().chat.completions.create(
+        model=MODEL, messages=list(messages), max_tokens=10, temperature=0, stream=stream)
+    if stream:
+        chunks = list(got)
+        assert chunks[0].choices[0].delta.role == "assistant"
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    else:
+        text = got.choices[0].message.content
+        ids = smollm2().tokenizer.encode_chat([dict(m) for m in messages])
+        assert got.usage.prompt_tokens == len(ids)
+    assert text == alone(tuple(tuple(m.items()) for m in messages), 10)
+
+
+def test_concurrent_requests_each_get_their_output_alone(served):
+    client, lengths = served.client(), [14, 6, 20, 10, 9, 17]
+    prompts = [*PROMPTS, *PROMPTS[:2]]  # six requests for four batch rows: some wait
+
+    def ask(i: int) -> str:
+        return client.completions.create(model=MODEL, prompt=prompts[i], max_tokens=lengths[i],
+                                          temperature=0).choices[0].text  # fmt: skip
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        texts = list(pool.map(ask, range(len(prompts)), timeout=2 * TIMEOUT))
+    assert texts == [alone(p, n) for p, n in zip(prompts, lengths, strict=True)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_string_across_tokens_cuts_the_text(served, stream):
+    whole = alone(PROMPTS[2], 20)
+    stop = whole[9:13]  # four characters from inside the answer
+    assert len(smollm2().tokenizer.encode(stop, add_special_tokens=False)) >= 1
+    got = served.client().completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=20,
+                                             temperature=0, stop=[stop, "@@@"], stream=stream)  # fmt: skip
+    chunks = list(got) if stream else [got]
+    assert "".join(c.choices[0].text for c in chunks) == whole[: whole.index(stop)]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def _idle(engine) -> bool:
+    return not engine.running and not engine.waiting and \
+        len(engine.cache.free) == engine.cache.num_blocks  # fmt: skip
+
+
+def test_a_client_that_leaves_mid_stream_has_its_request_cancelled(served):
+    body = {"model": MODEL, "prompt": PROMPTS[1], "max_tokens": LIMIT, "stream": True}
+    with httpx.Client(timeout=TIMEOUT) as http, \
+            http.stream("POST", f"{served.url}/v1/completions", json=body) as response:  # fmt: skip
+        lines = response.iter_lines()
+        events = []
+        for line in lines:
+            events += [line] if line.startswith("data:") else []
+            if len(events) == 3:
+                break  # three pieces, then the client goes away
+    assert json.loads(events[0][5:])["choices"][0]["finish_reason"] is None
+    deadline = time.monotonic() + TIMEOUT
+    while not _idle(served.engine):
+        assert time.monotonic() < deadline, "the engine still holds the request"
+        time.sleep(0.05)
+    request = served.submitted[-1]
+    assert request.finish_reason == "cancelled" and len(request.output) < LIMIT
+
+
+BAD = [  # (path, body: dict or raw bytes, status, the field named)
+    ("completions", b"{not json", 400, "body"),
+    ("completions", [1, 2], 400, "body"),
+    ("completions", {"model": MODEL}, 400, "prompt"),
+    ("completions", {"prompt": 123}, 400, "prompt"),
+    ("completions", {"prompt": [1, 10**9]}, 400, "prompt"),
+    ("completions", {"prompt": "hi", "max_tokens": LIMIT + 1}, 400, "max_tokens"),
+    ("completions", {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens"),
+    ("completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
+    ("completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ("completions", {"prompt": "hi", "n": 2}, 400, "n"),
+    ("completions", {"prompt": "hi", "stop": [""]}, 400, "stop"),
+    ("completions", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
+    ("completions", {"prompt": "hi", "echo": True}, 400, "echo"),
+    ("completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model"),
+    ("completions", {"prompt": [1] * 8190, "max_tokens": 10}, 400, "max_tokens"),
+    ("completions", {"prompt": "x" * 200_000}, 413, "body"),
+    ("chat/completions", {"messages": []}, 400, "messages"),
+    ("chat/completions", {"messages": [{"content": "hi"}]}, 400, "messages[0].role"),
+    ("chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400,
+     "messages[0].content"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "param"), BAD,
+                         ids=[f"{s}-{p}-{i}" for i, (_, _, s, p) in enumerate(BAD)])
+def test_bad_requests_get_a_json_error_naming_the_field(served, path, body, status, param):
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    got = httpx.post(f"{served.url}/v1/{path}", content=raw, timeout=TIMEOUT,
+                     headers={"content-type": "application/json"})  # fmt: skip
+    error = got.json()["error"]
+    assert (got.status_code, error["param"]) == (status, param), error
+    assert error["type"] and param in error["message"], error
+
+
+def test_the_openai_client_reads_the_errors(served):
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        served.client().completions.create(model=MODEL, prompt="hi", max_tokens=LIMIT + 1)
+    got = httpx.get(f"{served.url}/v1/nothing", timeout=TIMEOUT)
+    assert got.status_code == 404 and got.json()["error"]["type"] == "not_found_error"
+
+
+def test_serve_help_shows_the_options():
+    runner = CliRunner(env={"COLUMNS": "200", "TERMINAL_WIDTH": "200", "NO_COLOR": "1"})
+    result = runner.invoke(app, ["serve", "--help"])
+    assert result.exit_code == 0, result.output
+    for word in ("Example:", "qkv serve", "--host", "--port", "--max-batch", "--max-tokens",
+                 "--num-blocks"):  # fmt: skip
+        assert word in result.output, result.output
