@@ -23,19 +23,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from benchmarks.pretrained import WHISPER_SENTENCES as SENTENCES
 
 import qkv.pretrained
 from qkv.pretrained import audio
 from qkv.pretrained.speed import alternate, summarise
 from qkv.pretrained.transcript_options import TranscribeOptions
-
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Please call Stella and ask her to bring these things from the store.",
-    "She sells fresh fruit and vegetables at the market every Saturday morning.",
-    "We will meet at the library after lunch to finish the project.",
-    "Artificial intelligence is changing how people work and learn.",
-]
 
 
 def clips(n: int) -> list[np.ndarray]:
