@@ -83,3 +83,69 @@ def test_bad_targets_and_sizes_are_refused():
             add_lora(_model(), TARGETS, **kwargs)
     with pytest.raises(TypeError, match=r"nn\.Linear"):
         LoRALinear(nn.Conv1d(2, 2, 1), rank=2, alpha=2)
+
+
+def _trained(rank=4):
+    """A Llama-style model with adapters whose B is not zero (as after training)."""
+    model = _model().eval()
+    add_lora(model, TARGETS, rank=rank, alpha=8)
+    with torch.no_grad():
+        for name, p in lora_parameters(model).items():
+            if name.endswith("lora_B"):
+                p.normal_(0, 0.1)
+    return model
+
+
+@torch.no_grad()
+def test_adapters_saved_and_loaded_on_a_fresh_base_give_the_same_logits(tmp_path):
+    from qkv.checkpoint.adapters import load_adapters, save_adapters
+
+    model, ids = _trained(), torch.randint(0, 101, (2, 9))
+    path = save_adapters(model, tmp_path / "adapters.safetensors")
+    assert path.stat().st_size < 64_000 and not list(tmp_path.glob(".*tmp"))
+    fresh = load_adapters(_model().eval(), path)  # the same base (seed 0)
+    err = float((fresh(ids) - model(ids)).abs().max())
+    assert err == 0.0, f"max error {err:.3g}"
+    assert sum(p.numel() for p in fresh.parameters() if p.requires_grad) == \
+        sum(p.numel() for p in lora_parameters(model).values())  # fmt: skip
+
+
+def test_bad_adapter_files_are_named(tmp_path):
+    from safetensors.torch import save_file
+
+    from qkv.checkpoint.adapters import load_adapters, save_adapters
+    from qkv.data.files import BadFileError, MissingFileError
+
+    with pytest.raises(MissingFileError, match="no adapter file"):
+        load_adapters(_model(), tmp_path / "none.safetensors")
+    plain = tmp_path / "plain.safetensors"
+    save_file({"x": torch.zeros(2)}, str(plain))
+    with pytest.raises(BadFileError, match="no qkv LoRA metadata"):
+        load_adapters(_model(), plain)
+    (tmp_path / "junk.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(BadFileError, match="not a safetensors adapter file"):
+        load_adapters(_model(), tmp_path / "junk.safetensors")
+    path = save_adapters(_trained(rank=4), tmp_path / "a.safetensors")
+    other = DecoderLM(DecoderLMConfig.llama_style(vocab_size=101, d_model=64, num_layers=2,
+                                                  num_heads=4, num_kv_heads=2))  # fmt: skip
+    with pytest.raises(BadFileError, match="shape"):
+        load_adapters(other, path)
+    with pytest.raises(ValueError, match="no LoRA adapters"):
+        save_adapters(_model(), tmp_path / "b.safetensors")
+
+
+@torch.no_grad()
+def test_a_merged_model_saved_for_transformers_gives_the_adapted_logits(tmp_path):
+    """merge_lora, then save_hf: transformers loads the folder and its logits equal the
+    adapted qkv model's; an unmerged model is refused with the way out."""
+    transformers = pytest.importorskip("transformers")
+    from qkv.pretrained import save_hf
+
+    model, ids = _trained(), torch.randint(0, 101, (2, 9))
+    with pytest.raises(ValueError, match="merge_lora"):
+        save_hf(model, tmp_path / "unmerged")
+    adapted = model(ids)
+    folder = save_hf(merge_lora(model), tmp_path / "merged")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    err = float((ref(ids).logits - adapted).abs().max())
+    assert err <= 1e-4, f"transformers vs adapted qkv: max error {err:.3g}"

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from qkv.checkpoint.folder import _atomic_folder, _write_json
 from qkv.models import DecoderLM, Encoder
+from qkv.nn.lora import LoRALinear
 from qkv.pretrained.bundle import DecoderBundle, EncoderBundle
 from qkv.pretrained.hf_bert import bert_config, bert_entries
 from qkv.pretrained.hf_common import HF_ACTIVATIONS
@@ -267,6 +268,10 @@ def save_hf(model_or_bundle: Any, path: str | os.PathLike, *, overwrite: bool = 
     bundles = (DecoderBundle, EncoderBundle)
     bundle = model_or_bundle if isinstance(model_or_bundle, bundles) else None
     model = bundle.model if bundle is not None else model_or_bundle
+    if any(isinstance(m, LoRALinear) for m in getattr(model, "modules", list)()):
+        raise ValueError("the model has LoRA adapters, which a Hugging Face folder of its family "
+                         "has no names for: fold them in with qkv.nn.lora.merge_lora(model), or "
+                         "save them alone with qkv.checkpoint.adapters.save_adapters")
     kind, config = hf_config(model)
     tok = getattr(bundle, "tokenizer", None)
     if tok is not None and not isinstance(tok, PretrainedTokenizer):
