@@ -64,19 +64,19 @@ def encoder_share(bundle, samples: list[np.ndarray], o: TranscribeOptions) -> tu
     """Seconds the encoder takes on the windows qkv's loop visits, and their count."""
     from qkv.pretrained.whisper_longform import Track, _step
 
-    seen: list[int] = []
+    count = 0
     generator = torch.Generator().manual_seed(0)
     for x in samples:
         track = Track(x, bundle.config.n_mels)
         while not track.done:
-            seen.append(0)
+            count += 1
             _step(bundle, [track], o, generator)
-    windows = torch.randn(len(seen), bundle.config.n_mels, 3000)
+    windows = torch.randn(count, bundle.config.n_mels, 3000)
     start = time.perf_counter()
     with torch.no_grad():
         for w in windows:
             bundle.model.encode(w[None])
-    return time.perf_counter() - start, len(seen)
+    return time.perf_counter() - start, count
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from qkv.attention.sdpa import scaled_dot_product_attention
+from qkv.attention.weights import merge_partials
 from qkv.nn.cache import KVCache, LayerKVCache
 
 __all__ = ["PagedKVCache", "PagedLayer"]
@@ -81,15 +82,12 @@ class PagedLayer(LayerKVCache):
 
 
 def _merge(parts: list[tuple[Tensor, Tensor]]) -> Tensor:
-    """Partial outputs with their log-sum-exps merged into one ``(B, H, T, D)``."""
-    if len(parts) == 1:
-        return parts[0][0]
-    lse = torch.stack([p[1] for p in parts])  # (C, B, H, T)
-    top = lse.amax(dim=0)  # (B, H, T)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    w = (lse - top).exp()  # (C, B, H, T); 0 for chunks a row does not see
-    out = sum(p[0] * w[i, ..., None] for i, p in enumerate(parts))
-    return out / w.sum(dim=0)[..., None].clamp(min=torch.finfo(w.dtype).tiny)
+    """Partial outputs with their log-sum-exps merged into one ``(B, H, T, D)``
+    (:func:`~qkv.attention.weights.merge_partials`, chunk after chunk)."""
+    out, lse = parts[0]
+    for part in parts[1:]:
+        out, lse = merge_partials(out, lse, *part)
+    return out
 
 
 class PagedKVCache(KVCache):

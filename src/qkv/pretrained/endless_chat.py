@@ -29,6 +29,7 @@ from torch import Tensor
 from qkv.checks import positive_int
 from qkv.generate.args import check_sampling
 from qkv.generate.sampling import Sampler
+from qkv.pretrained.stop_text import TextStream
 
 __all__ = ["EndlessChat"]
 
@@ -98,18 +99,17 @@ class EndlessChat:
             1, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
             device=logits.device)  # fmt: skip
         new: list[int] = []
-        shown = ""
+        shown = TextStream(lambda ids: tok.decode(ids, skip_special_tokens=True))
         for _ in range(max_new_tokens):
             token = int(choose(logits[None])[0])
             if token == self.bundle.eos_id:
                 break
             new.append(token)
             logits = self._feed([token])
-            piece = tok.decode(new, skip_special_tokens=True)
-            if not piece.endswith("\ufffd") and piece.startswith(shown) and len(piece) > len(shown):
-                yield piece[len(shown) :]
-                shown = piece
-        final = tok.decode(new, skip_special_tokens=True)
-        if final != shown:
-            yield final[len(shown) :] if final.startswith(shown) else final
+            piece = shown.push(token)
+            if piece:
+                yield piece
+        rest = shown.close()
+        if rest:
+            yield rest
         self.fed = text + tok.decode(new, skip_special_tokens=False)

@@ -341,10 +341,8 @@ class SpeechBundle:
         return strip(out, self.config.eos_id)
 
     def text(self, ids: list[int]) -> str:
-        """The text of token ids (special and timestamp tokens dropped)."""
-        eos = self.config.eos_id
-        keep = [i for i in ids if eos is None or i < eos]  # text tokens come before EOS
-        return self.tokenizer.decode(keep).strip()
+        """The text of token ids (special and timestamp tokens dropped), stripped."""
+        return self.decode_text(ids).strip()
 
     def transcribe(self, audio: object, *, beam_size: int | None = None, alpha: float = 0.0,
                    max_new_tokens: int = 224, compile: bool = False) -> str:  # fmt: skip

@@ -99,6 +99,12 @@ def apply_rules(logits: Tensor, sampled: Tensor, vocab: Vocab, timestamps: bool,
     return logits
 
 
+def _initial_steps(o: TranscribeOptions) -> int | None:
+    """``max_initial_timestamp`` in timestamp steps (20 ms each), or None."""
+    t = o.max_initial_timestamp
+    return None if t is None else round(t / 0.02)
+
+
 def compression_ratio(text: str) -> float:
     """UTF-8 bytes of ``text`` over its zlib-compressed bytes (high: a repetition loop)."""
     raw = text.encode("utf-8")
@@ -147,7 +153,7 @@ def _decode_group(model, memory: Tensor, prompts: list[list[int]], vocab: Vocab,
     sampled = ids.new_zeros((B, 0))  # (B, t)
     total = torch.zeros(B, dtype=torch.float64, device=ids.device)
     done = room <= 0
-    max_initial = None if o.max_initial_timestamp is None else round(o.max_initial_timestamp / 0.02)
+    max_initial = _initial_steps(o)
     for t in range(int(room.max())):
         logits = apply_rules(logits, sampled, vocab, o.timestamps, max_initial)
         logprobs = logits.log_softmax(dim=-1)  # (B, V)
@@ -185,7 +191,7 @@ def _beam_one(model, memory: Tensor, prompt: list[int], sot_index: int, vocab: V
     no_speech = float(out[0, sot_index].float().softmax(dim=-1)[vocab.no_speech])
     logits, beams = out[:, -1].float(), [((), 0.0)] * K  # (K, V); (tokens, sum log-prob)
     finished: dict[tuple[int, ...], float] = {}
-    max_initial = None if o.max_initial_timestamp is None else round(o.max_initial_timestamp / 0.02)
+    max_initial = _initial_steps(o)
     for step in range(steps):
         sampled = torch.tensor([list(b[0]) for b in beams], dtype=torch.long)
         sampled = sampled.reshape(len(beams), step)  # (K', t)
