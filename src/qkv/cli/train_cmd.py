@@ -155,6 +155,7 @@ def command(
     console = Console(highlight=False, soft_wrap=True)
     if threads is not None:
         torch.set_num_threads(threads)
+    finished = False
     try:
         columns = dict(source_column=source_column, target_column=target_column,
                        text_column=text_column, tokenizer=tokenizer, vocab_size=vocab_size)
@@ -176,6 +177,7 @@ def command(
                 console, task, text, pairs, config, out, steps, batch_size, lr, eval_every,
                 d_model, layers, heads, seed, max_seconds, device, fsdp, pack, columns,
             )  # fmt: skip
+        finished = True
     except (ValueError, TypeError, FileNotFoundError, ImportError, OSError, FloatingPointError,
             RuntimeError) as err:  # fmt: skip
         if isinstance(err, RuntimeError) and not is_peer_failure(err):
@@ -185,7 +187,7 @@ def command(
         raise fail(f"{world}: {message}" if parallel else err) from None
     finally:
         if launched():
-            shutdown()
+            shutdown(together=finished)
     if not world.is_zero:
         return
     result, test = done["result"], done["test"]

@@ -14,6 +14,7 @@ Wrapping a module for DDP or FSDP2 and gathering its full state: :mod:`.dp_model
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -222,9 +223,19 @@ def _env_int(name: str, minimum: int) -> int:
     return value
 
 
-def shutdown() -> None:
-    """Destroy the process group, if one is initialised."""
+def shutdown(*, together: bool = False) -> None:
+    """Destroy the process group, if one is initialised.
+
+    Args:
+        together: the run ended normally: every rank first waits for the others (a barrier,
+            bounded by the group's timeout), so no rank tears gloo down while another still
+            talks to it (that race aborted a rank with "terminate called without an active
+            exception" under load). After a failure there is no barrier: a peer may be gone.
+    """
     if dist.is_available() and dist.is_initialized():
+        if together:
+            with contextlib.suppress(RuntimeError):
+                dist.barrier()
         dist.destroy_process_group()
 
 
