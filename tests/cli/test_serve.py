@@ -13,13 +13,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
 pytest.importorskip("fastapi", reason="qkv serve needs the serve extra")
 uvicorn = pytest.importorskip("uvicorn", reason="qkv serve needs the serve extra")
 openai = pytest.importorskip("openai", reason="the tests talk through OpenAI's client")
-httpx = pytest.importorskip("httpx")
 
 import qkv.pretrained  # noqa: E402
 from qkv.cli.app import app  # noqa: E402

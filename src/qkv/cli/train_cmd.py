@@ -29,11 +29,13 @@ from rich.markup import escape
 
 from qkv.cli.common import FLAG, fail
 from qkv.distributed.data_parallel import (
+    World,
     barrier,
     current_world,
     init_distributed,
     is_peer_failure,
     launched,
+    leave,
     shutdown,
 )
 from qkv.train.metrics import describe_metrics
@@ -188,8 +190,15 @@ def command(
     finally:
         if launched():
             shutdown(together=finished)
-    if not world.is_zero:
-        return
+    if world.is_zero:
+        _report(console, done, spec, run_dir, world)
+    if launched():
+        leave(0)  # no interpreter finalisation under torchrun: see leave()
+
+
+def _report(console: Console, done: dict[str, Any], spec: DataSpec, run_dir: Path,
+            world: World) -> None:  # fmt: skip
+    """Rank 0's closing lines: speed, the test metrics, where the checkpoint is."""
     result, test = done["result"], done["test"]
     console.print(f"trained {result.steps:,} steps in {result.seconds:.1f} s "
                   f"({result.tokens_per_second:,.0f} tokens/s"
