@@ -132,3 +132,22 @@ def test_split_documents():
     assert split_documents("a b\n\n\n\nc\n\n  \n\nd") == ["a b", "c", "d"]
     with pytest.raises(ValueError, match="separator"):
         split_documents("abc", "")
+
+
+def test_labeled_documents_learn_only_their_labelled_tokens():
+    """A LabeledDocument's targets are its labels one later; the rest is IGNORE_INDEX, and
+    its tokens still sit in the row (as context)."""
+    from qkv.data.packing import LabeledDocument
+
+    X = IGNORE_INDEX
+    doc = LabeledDocument([5, 6, 7, 8, 9], [X, X, 7, 8, X])
+    rows = pack_lm([doc, [1, 2, 3]], 8)
+    assert rows.tokens.tolist() == [[5, 6, 7, 8, 1, 2, 0, 0]]
+    assert rows.targets.tolist() == [[X, 7, 8, X, 2, 3, X, X]]
+    assert doc.learned == 2
+    with pytest.raises(ValueError, match="label 4 at position 1 is neither the token"):
+        LabeledDocument([1, 2], [1, 4])
+    with pytest.raises(ValueError, match="2 ids but 1 labels"):
+        LabeledDocument([1, 2], [1])
+    with pytest.raises(TypeError, match=r"LabeledDocument\.labels must be a sequence of ints"):
+        LabeledDocument([1, 2], "ab")

@@ -87,3 +87,25 @@ def test_missing_files_and_text_errors(tmp_path):
     with pytest.raises(BadFileError, match=r"t.jsonl:1: no 'text' field \(set it with "
                        r"--text-column\)"):  # fmt: skip
         load_records_text(path)
+
+
+def test_chat_files_are_checked_line_by_line(tmp_path):
+    from qkv.data.records import load_chats
+
+    good = {"messages": [{"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": "hello"}], "id": 7}  # fmt: skip
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps(good) + "\n\n" + json.dumps(good) + "\n", encoding="utf-8")
+    assert load_chats(path) == [(1, good["messages"]), (3, good["messages"])]
+    cases = [
+        ({"messages": []}, "expected a non-empty 'messages' list"),
+        ({"text": "hi"}, "expected a non-empty 'messages' list, got None"),
+        ({"messages": [{"role": "user"}]}, "expected messages\\[0\\] to be"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, "no assistant turn to learn"),
+    ]  # fmt: skip
+    for record, message in cases:
+        path.write_text(json.dumps(good) + "\n" + json.dumps(record) + "\n", encoding="utf-8")
+        with pytest.raises(BadFileError, match=f"{path.name}:2: {message}"):
+            load_chats(path)
+    with pytest.raises(BadFileError, match=r"expected a file ending in \.jsonl"):
+        load_chats(tmp_path / "chats.csv")

@@ -3,6 +3,8 @@ adapters train (counted); a merged model equals the adapted one; the update is t
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -149,3 +151,31 @@ def test_a_merged_model_saved_for_transformers_gives_the_adapted_logits(tmp_path
     ref = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     err = float((ref(ids).logits - adapted).abs().max())
     assert err <= 1e-4, f"transformers vs adapted qkv: max error {err:.3g}"
+
+
+@torch.no_grad()
+def test_a_checkpoint_of_an_adapted_model_rebuilds_its_adapters(tmp_path):
+    """save_checkpoint records the adapted layers; load_checkpoint (building the model itself,
+    or into a model given) puts the same adapters back, frozen as before, equal outputs."""
+    from qkv.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+
+    model, ids = _trained(), torch.randint(0, 101, (2, 9))
+    folder = save_checkpoint(tmp_path / "ckpt", model)
+    for into in (None, add_lora_like(model)):
+        back = load_checkpoint(folder, into).model.eval()
+        err = float((back(ids) - model(ids)).abs().max())
+        assert err == 0.0, f"reloaded adapted model: max error {err:.3g}"
+        trainable = sorted(n for n, p in back.named_parameters() if p.requires_grad)
+        assert trainable == sorted(lora_parameters(model)), trainable
+    config = json.loads((folder / "config.json").read_text())
+    config["lora"] = {"blocks.0.nothing": {"rank": 2, "alpha": 4.0, "dropout": 0.0}}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"bad 'lora' entry .*blocks.0.nothing"):
+        load_checkpoint(folder)
+
+
+def add_lora_like(model: DecoderLM) -> DecoderLM:
+    """A fresh model with adapters on the same layers as ``model`` (zero B)."""
+    fresh = _model()
+    add_lora(fresh, TARGETS, rank=4, alpha=8)
+    return fresh

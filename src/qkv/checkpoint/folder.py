@@ -48,6 +48,7 @@ from qkv.checkpoint.optimizer import optimizer_from_flat, optimizer_to_flat
 from qkv.checkpoint.tensor_file import TensorFile
 from qkv.data.files import BadFileError, read_json, reading
 from qkv.data.tokenizers import Tokenizer, load_tokenizer
+from qkv.nn.lora import lora_layers, restore_lora
 
 __all__ = [
     "FORMAT",
@@ -194,6 +195,9 @@ def save_checkpoint(
         "training": optimizer is not None or train_state is not None,
         "info": info or {},
     }
+    adapters = lora_layers(model)
+    if adapters:
+        config["lora"] = adapters
 
     def write(folder: Path) -> None:
         # 1) tensors first: the largest files, the most likely place for a crash
@@ -307,14 +311,25 @@ def _build_model(config: dict[str, Any], file: Path, weights: TensorFile, tied: 
         # a single parameter is allocated (see qkv.checkpoint.backing)
         check_sizes(model_config, tensors=len(weights.shapes), numel=weights.numel,
                     config_file=file, data_file=weights.path)  # fmt: skip
-        meta = meta_model(lambda: model_cls(model_config))
+        meta = meta_model(lambda: _adapted(model_cls(model_config), config, file))
         expected = {k: tuple(v.shape) for k, v in meta.state_dict().items()}
         check_state_shapes(expected, weights.shapes, tied=tied, data_file=weights.path,
                            origin=f"the {name} {file} describes")  # fmt: skip
         check_derived_buffers(meta, file_bytes=weights.nbytes, config_file=file)
     except BadFileError as err:
         raise CheckpointError(str(err), path=err.path) from None
-    return model_cls(model_config)
+    return _adapted(model_cls(model_config), config, file)
+
+
+def _adapted(model: nn.Module, config: dict[str, Any], file: Path) -> nn.Module:
+    """``model`` with the LoRA adapters ``config.json`` lists (a run fine-tuned with LoRA)."""
+    layers = config.get("lora")
+    if layers is None:
+        return model
+    try:
+        return restore_lora(model, layers)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{file}: bad 'lora' entry ({err})", path=file) from None
 
 
 def _check_model(model: nn.Module, config: dict[str, Any], file: Path) -> None:

@@ -28,6 +28,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from qkv.cli.common import FLAG, fail
+from qkv.cli.train_from import finetune, lora_options, refuse_clashes
+from qkv.cli.train_from import report as report_from
 from qkv.distributed.data_parallel import (
     World,
     barrier,
@@ -82,6 +84,30 @@ def command(
     vocab_size: Annotated[int | None, typer.Option(
         "--vocab-size", help="--tokenizer bpe: vocabulary size (>= 260; default 1000).",
     )] = None,
+    from_: Annotated[str | None, typer.Option(
+        "--from", help="Fine-tune this pretrained decoder (a packaged name such as "
+        "SmolLM2-135M-Instruct, a Hugging Face folder, a .gguf file) on --chat or --text; "
+        "<out>/model receives it as a Hugging Face folder.", show_default=False,
+    )] = None,
+    chat: Annotated[Path | None, typer.Option(
+        "--chat", help="--from: conversations, a .jsonl of {\"messages\": [...]} lines; the "
+        "loss counts the assistant turns only.",
+    )] = None,
+    lora_rank: Annotated[int | None, typer.Option(
+        "--lora-rank", help="--from: train LoRA adapters of this rank, the other weights "
+        "frozen (without it, every weight trains).",
+    )] = None,
+    lora_alpha: Annotated[float | None, typer.Option(
+        "--lora-alpha", help="--lora-rank: the update's scale is alpha / rank (default alpha: "
+        "twice the rank).",
+    )] = None,
+    lora_dropout: Annotated[float | None, typer.Option(
+        "--lora-dropout", help="--lora-rank: dropout on the adapters' input (default 0).",
+    )] = None,
+    lora_targets: Annotated[str | None, typer.Option(
+        "--lora-targets", help="--lora-rank: comma-separated layer-name patterns (default "
+        "'*.q_proj,*.k_proj,*.v_proj,*.out_proj').",
+    )] = None,
     resume: Annotated[Path | None, typer.Option(
         "--resume", help="Continue this run folder exactly from its last checkpoint (its data, "
         "model, tokenizers and settings; --steps may change its total, and a note says how the "
@@ -125,6 +151,26 @@ def command(
         "weights, gradients and optimizer state (FSDP2), or keep a replica per process (DDP) "
         "\\[default: --config's, else DDP].",
     )] = None,
+    context_parallel: Annotated[int | None, typer.Option(
+        "--context-parallel", help="Text, under torchrun: processes that share each sequence "
+        "(context parallelism; must divide the number of processes) \\[default: 1].",
+        show_default=False,
+    )] = None,
+    context_method: Annotated[str | None, typer.Option(
+        "--context-method", help="--context-parallel: auto, ring or all_to_all (how attention "
+        "crosses the processes) \\[default: auto].", show_default=False,
+    )] = None,
+    checkpoint_activations: Annotated[bool | None, typer.Option(
+        "--checkpoint-activations/--no-checkpoint-activations", metavar=FLAG,
+        show_default=False, help="Each block recomputes its activations in backward instead "
+        "of storing them: less memory, about a third more compute, the same results "
+        "\\[default: --config's, else off].",
+    )] = None,
+    bf16: Annotated[bool | None, typer.Option(
+        "--bf16/--no-bf16", metavar=FLAG, show_default=False, help="bfloat16 autocast around "
+        "forward and loss (much slower on a CPU without native bfloat16: a note says so) "
+        "\\[default: --config's, else float32].",
+    )] = None,
 ) -> None:
     """Train a transformer from scratch: a synthetic task, a file of pairs, or any text.
 
@@ -161,13 +207,33 @@ def command(
     try:
         columns = dict(source_column=source_column, target_column=target_column,
                        text_column=text_column, tokenizer=tokenizer, vocab_size=vocab_size)
-        if resume is not None:
+        levers = {"checkpoint_activations": checkpoint_activations, "bf16": bf16,
+                  "context_parallel": context_parallel,
+                  "context_method": context_method}  # fmt: skip
+        lora = lora_options(lora_rank, lora_alpha, lora_dropout, lora_targets)
+        if from_ is None and (chat is not None or lora is not None):
+            raise ValueError("--chat and --lora-rank fine-tune a pretrained model: give --from "
+                             "MODEL")  # fmt: skip
+        if from_ is not None:
+            refuse_clashes({"TASK": task, "--pairs": pairs, "--resume": resume,
+                            "--d-model": d_model, "--layers": layers, "--heads": heads,
+                            "--tokenizer": tokenizer, "--vocab-size": vocab_size,
+                            "--fsdp": fsdp, "--pack": pack, "--source-column": source_column,
+                            "--target-column": target_column})  # fmt: skip
+            options = dict(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every,
+                           seed=seed, device=device, **levers)  # fmt: skip
+            run_dir = out if out is not None else Path("runs") / f"{Path(from_).stem}-ft"
+            done, world = finetune(from_, text=text, chat=chat, text_column=text_column,
+                                   run_dir=run_dir, table=_train_table(config),
+                                   options=options, lora=lora, max_seconds=max_seconds,
+                                   say=_say(console))  # fmt: skip
+        elif resume is not None:
             given = {"TASK": task, "--text": text, "--pairs": pairs, "--config": config,
                      "--out": out, "--batch-size": batch_size, "--lr": lr,
                      "--eval-every": eval_every, "--d-model": d_model, "--layers": layers,
                      "--heads": heads, "--seed": seed, "--pack": pack,
                      "--fsdp": fsdp, **{f"--{k.replace('_', '-')}": v
-                                                 for k, v in columns.items()}}  # fmt: skip
+                                        for k, v in {**columns, **levers}.items()}}  # fmt: skip
             clash = [k for k, v in given.items() if v is not None]
             if clash:
                 raise ValueError(f"--resume continues a run with its own data and settings; "
@@ -177,7 +243,7 @@ def command(
         else:
             done, spec, run_dir, world = _train(
                 console, task, text, pairs, config, out, steps, batch_size, lr, eval_every,
-                d_model, layers, heads, seed, max_seconds, device, fsdp, pack, columns,
+                d_model, layers, heads, seed, max_seconds, device, fsdp, pack, columns, levers,
             )  # fmt: skip
         finished = True
     except (ValueError, TypeError, FileNotFoundError, ImportError, OSError, FloatingPointError,
@@ -190,10 +256,34 @@ def command(
     finally:
         if launched():
             shutdown(together=finished)
-    if world.is_zero:
+    if world.is_zero and from_ is not None:
+        report_from(console, done, run_dir, world)
+    elif world.is_zero:
         _report(console, done, spec, run_dir, world)
     if launched():
         leave(0)  # no interpreter finalisation under torchrun: see leave()
+
+
+def _train_table(config: Path | None) -> dict[str, Any]:
+    """``--config``'s ``[train]`` table for ``--from`` (its model and data are given)."""
+    if config is None:
+        return {}
+    tables = read_spec_toml(config)
+    extra = [f"[{k}]" for k in ("data", "model") if tables[k]]
+    if extra:
+        raise ValueError(f"{config}: {' and '.join(extra)} do not apply with --from (the "
+                         "pretrained model and its tokenizer are given); keep [train]")  # fmt: skip
+    return tables["train"]
+
+
+def _say(console: Console) -> Any:
+    """Print on rank 0 only (the world is known once the run has started)."""
+
+    def say(*args: Any, **kwargs: Any) -> None:
+        if current_world().is_zero:
+            console.print(*args, markup=False, **kwargs)
+
+    return say
 
 
 def _report(console: Console, done: dict[str, Any], spec: DataSpec, run_dir: Path,
@@ -219,7 +309,7 @@ def metrics_text(metrics: dict[str, float]) -> str:
 
 
 def _train(console, task, text, pairs, config, out, steps, batch_size, lr, eval_every, d_model,
-           layers, heads, seed, max_seconds, device, fsdp, pack, columns):  # fmt: skip
+           layers, heads, seed, max_seconds, device, fsdp, pack, columns, levers):  # fmt: skip
     """Build the run and train it; ``(run_training's result, spec, run folder, world)``."""
     if max_seconds is not None and max_seconds <= 0:
         raise ValueError(f"--max-seconds must be > 0, got {max_seconds}")
@@ -233,7 +323,7 @@ def _train(console, task, text, pairs, config, out, steps, batch_size, lr, eval_
         run_dir = out if out is not None else Path("runs") / Path(spec.source).stem
         options = dict(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every,
                        seed=seed, device=device, fsdp=fsdp, pack=pack,
-                       run_dir=str(run_dir))  # fmt: skip
+                       run_dir=str(run_dir), **levers)  # fmt: skip
         train_config = build_train_config(spec.kind, tables["train"], options)
     except ValueError as err:
         raise ValueError(f"{config}: {err}" if config is not None else err) from None

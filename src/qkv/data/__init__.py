@@ -10,7 +10,8 @@
 * :mod:`~qkv.data.text`: :func:`load_text`, :func:`stdlib_corpus`, :func:`train_valid_split`.
 * :mod:`~qkv.data.parallel`: :func:`load_pairs_tsv`, :func:`gettext_pairs`.
 * :mod:`~qkv.data.packing`: :func:`pack_documents`, :func:`pack_lm` (variable-length
-  documents packed into fixed-length rows with document ids; no padding inside a row).
+  documents packed into fixed-length rows with document ids; no padding inside a row),
+  :class:`LabeledDocument` (a document learned only on some tokens, e.g. a chat's replies).
 * :mod:`~qkv.data.batching`: :func:`encode_pairs`, :func:`bucket_batches`, :func:`lm_batches`,
   :func:`pad_rows`.
 * :mod:`~qkv.data.files`: :func:`~qkv.data.files.read_json`, :func:`~qkv.data.files.read_toml`
@@ -30,7 +31,13 @@ from qkv.data.batching import (
     pad_rows,
 )
 from qkv.data.datasets import dataset_documents, dataset_pairs
-from qkv.data.packing import PackedRows, pack_documents, pack_lm, split_documents
+from qkv.data.packing import (
+    LabeledDocument,
+    PackedRows,
+    pack_documents,
+    pack_lm,
+    split_documents,
+)
 from qkv.data.parallel import gettext_catalogues, gettext_pairs, load_pairs_tsv
 from qkv.data.records import load_pairs, load_records_text
 from qkv.data.subword import BPETokenizer, WordPieceTokenizer
@@ -61,6 +68,7 @@ __all__ = [
     "CharTokenizer",
     "Example",
     "LMBatch",
+    "LabeledDocument",
     "MissingData",
     "PackedRows",
     "Seq2SeqBatch",

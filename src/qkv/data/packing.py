@@ -24,7 +24,10 @@ document computes exactly what it computes alone, and almost no position is padd
 Language modelling (:func:`pack_lm`): a document of ``n`` tokens gives ``n - 1`` (input,
 target) pairs, ``targets[t] = inputs[t + 1]`` inside the document, so no position learns to
 predict the next document's first token. ``packed=False`` lays one document per row instead
-(the padded baseline), with the same targets.
+(the padded baseline), with the same targets. A :class:`LabeledDocument` also says which
+tokens are learned (Hugging Face's ``labels``: the token, or :data:`IGNORE_INDEX`), e.g. only
+the assistant's turns of a chat: a position whose next token is not learned gets target
+:data:`IGNORE_INDEX`, and still attends and is attended to as any other.
 
 Shapes: ``N`` rows of ``T`` positions.
 """
@@ -44,6 +47,7 @@ __all__ = [
     "LONG_POLICIES",
     "PAD_DOCUMENT",
     "STRATEGIES",
+    "LabeledDocument",
     "PackedRows",
     "pack_documents",
     "pack_lm",
@@ -100,6 +104,48 @@ class PackedRows:
         N, T = self.tokens.shape
         return (f"PackedRows(rows={N}, T={T}, documents={self.num_documents}, pieces="
                 f"{self.num_pieces}, padding={self.padding_fraction:.1%})")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LabeledDocument:
+    """A document whose loss counts only on some tokens (e.g. a chat's assistant turns).
+
+    Attributes:
+        ids: ``(n,)`` token ids.
+        labels: ``(n,)``: ``labels[i] == ids[i]`` where token ``i`` is learned (predicted
+            from the tokens before it), :data:`IGNORE_INDEX` where it is not; the first
+            token is never predicted, whatever its label.
+
+    Raises:
+        TypeError: ids or labels not sequences of ints; ValueError: different lengths, or a
+            label that is neither its token nor :data:`IGNORE_INDEX` (naming the position).
+    """
+
+    ids: tuple[int, ...]
+    labels: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        for name in ("ids", "labels"):
+            v = getattr(self, name)
+            v = v.tolist() if isinstance(v, Tensor) else v
+            if not isinstance(v, Sequence) or isinstance(v, (str, bytes)) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in v
+            ):
+                raise TypeError(f"LabeledDocument.{name} must be a sequence of ints, got "
+                                f"{type(v).__name__}")  # fmt: skip
+            object.__setattr__(self, name, tuple(v))
+        if len(self.ids) != len(self.labels):
+            raise ValueError(f"LabeledDocument: {len(self.ids)} ids but {len(self.labels)} "
+                             "labels; give one label per token")  # fmt: skip
+        for i, (t, y) in enumerate(zip(self.ids, self.labels, strict=True)):
+            if y not in (t, IGNORE_INDEX):
+                raise ValueError(f"LabeledDocument: label {y} at position {i} is neither the "
+                                 f"token ({t}) nor IGNORE_INDEX ({IGNORE_INDEX})")  # fmt: skip
+
+    @property
+    def learned(self) -> int:
+        """Tokens whose prediction counts (the first token never does)."""
+        return sum(y != IGNORE_INDEX for y in self.labels[1:])
 
 
 def split_documents(text: str, separator: str = "\n\n") -> list[str]:
@@ -195,6 +241,9 @@ def _as_lists(documents: object, name: str) -> list[list[int]]:
                         f"{type(documents).__name__}")  # fmt: skip
     out = []
     for i, doc in enumerate(documents):
+        if isinstance(doc, LabeledDocument):
+            out.append(list(doc.ids))
+            continue
         if isinstance(doc, Tensor):
             if doc.dim() != 1 or doc.is_floating_point() or doc.dtype == torch.bool:
                 raise TypeError(f"{name}[{i}] must be a 1-D integer tensor, got shape "
@@ -209,9 +258,18 @@ def _as_lists(documents: object, name: str) -> list[list[int]]:
     return out
 
 
+def _labels(documents: Sequence, docs: list[list[int]]) -> list[list[int]]:
+    """Each document's labels: its :class:`LabeledDocument` labels, or its tokens."""
+    return [list(d.labels) if isinstance(d, LabeledDocument) else ids
+            for d, ids in zip(documents, docs, strict=True)]  # fmt: skip
+
+
 def _fill(rows: list[list[Segment]], docs: list[list[int]], T: int, pad_id: int,
-          shift: int | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
-    """Tensors of a plan; ``shift=1`` also fills targets (the token one later)."""
+          shift: int | None, labels: list[list[int]] | None = None
+          ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:  # fmt: skip
+    """Tensors of a plan; ``shift=1`` also fills targets (``labels``, default the tokens, one
+    later)."""
+    labels = docs if labels is None else labels
     N = len(rows)
     tokens = torch.full((N, T), pad_id, dtype=torch.long)  # (N, T)
     doc_ids = torch.full((N, T), PAD_DOCUMENT, dtype=torch.long)  # (N, T)
@@ -225,7 +283,7 @@ def _fill(rows: list[list[Segment]], docs: list[list[int]], T: int, pad_id: int,
             doc_ids[r, at : at + n] = j
             positions[r, at : at + n] = torch.arange(n)
             if targets is not None:
-                targets[r, at : at + n] = torch.tensor(docs[d][start + 1 : stop + 1])
+                targets[r, at : at + n] = torch.tensor(labels[d][start + 1 : stop + 1])
             at += n
         if at < T:
             positions[r, at:] = torch.arange(T - at)  # padding: a document of its own
@@ -277,8 +335,9 @@ def pack_lm(
     predict nothing and are skipped); a cut piece's last target is the token after the cut.
 
     Args:
-        documents: token-id lists or 1-D integer tensors (e.g. ``tok.encode(text,
-            add_bos=True, add_eos=True)`` per document).
+        documents: token-id lists, 1-D integer tensors (e.g. ``tok.encode(text,
+            add_bos=True, add_eos=True)`` per document) or :class:`LabeledDocument` (targets
+            from its labels).
         length: ``T``, positions per row.
         packed: pack several documents per row; False lays one document (piece) per row,
             right-padded to ``T`` (the padded baseline: no document ids are needed to run it).
@@ -296,6 +355,7 @@ def pack_lm(
         rows = plan_rows(lengths, length, strategy=strategy, long=long)
     else:  # one piece per row, in document order
         rows = [[piece] for piece in _pieces(lengths, positive_int("length", length), long)]
-    tokens, doc_ids, positions, targets = _fill(rows, docs, length, pad_id, 1)
+    tokens, doc_ids, positions, targets = _fill(rows, docs, length, pad_id, 1,
+                                                _labels(documents, docs))  # fmt: skip
     return PackedRows(tokens, doc_ids, positions, targets, sum(1 for n in lengths if n),
                       sum(len(r) for r in rows))  # fmt: skip

@@ -9,6 +9,10 @@
     ``source`` and ``target`` unless named.
   - ``.jsonl``: one JSON object per line; the keys ``source`` and ``target`` unless named.
 
+* :func:`load_chats`: conversations of a ``.jsonl`` file, one ``{"messages": [{"role": ...,
+  "content": ...}, ...]}`` per line (the chat format of transformers' and TRL's datasets),
+  each with at least one assistant turn (what fine-tuning learns).
+
 * :func:`load_records_text`: the text of one column (``.csv``, ``.tsv``) or key (``.jsonl``)
   of every record, records joined by a blank line (so ``qkv train --pack`` sees each record
   as its own document).
@@ -29,7 +33,7 @@ from typing import Any
 from qkv.data.files import BadFileError, MissingFileError
 from qkv.data.parallel import load_pairs_tsv
 
-__all__ = ["PAIR_SUFFIXES", "RECORD_SUFFIXES", "load_pairs", "load_records_text"]
+__all__ = ["PAIR_SUFFIXES", "RECORD_SUFFIXES", "load_chats", "load_pairs", "load_records_text"]
 
 PAIR_SUFFIXES = (".tsv", ".csv", ".jsonl")
 RECORD_SUFFIXES = (".csv", ".tsv", ".jsonl")
@@ -147,3 +151,40 @@ def load_records_text(path: str | os.PathLike, *, key: str = "text") -> str:
         raise BadFileError(f"{file}: no records; expected records with a {key!r} field",
                            path=file)  # fmt: skip
     return "\n\n".join(texts)
+
+
+def load_chats(path: str | os.PathLike) -> list[tuple[int, list[dict[str, str]]]]:
+    """``(line number, messages)`` of every conversation of a ``.jsonl`` chat file.
+
+    Each line is ``{"messages": [{"role": "system" | "user" | "assistant", "content": str},
+    ...]}`` with at least one ``"assistant"`` message (other keys are ignored).
+
+    Raises:
+        qkv.data.files.MissingFileError (a FileNotFoundError): no file.
+        qkv.data.files.BadFileError (a ValueError): not ``.jsonl``, no conversation, or a
+            malformed line: ``<file>:<line>: expected ..., got ...``.
+    """
+    file = _file(path, (".jsonl",), "chat")
+    chats = [(n, _messages(file, n, r)) for n, r in _rows(file)]
+    if not chats:
+        raise BadFileError(f"{file}: no conversations; expected one {{\"messages\": [...]}} "
+                           "per line", path=file)  # fmt: skip
+    return chats
+
+
+def _messages(file: Path, number: int, record: dict[str, Any]) -> list[dict[str, str]]:
+    """The checked ``messages`` of one chat record."""
+    messages = record.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad(file, number, f"expected a non-empty 'messages' list, got "
+                   f"{messages!r}"[: 2 * _SHOWN])  # fmt: skip
+    for i, m in enumerate(messages):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)):  # fmt: skip
+            raise _bad(file, number, f"expected messages[{i}] to be {{'role': str, 'content': "
+                       f"str}}, got {m!r}"[: 2 * _SHOWN])  # fmt: skip
+    if not any(m["role"] == "assistant" for m in messages):
+        roles = [m["role"] for m in messages]
+        raise _bad(file, number, f"no assistant turn to learn (roles {roles}); every "
+                   "conversation needs at least one {'role': 'assistant', ...} message")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]

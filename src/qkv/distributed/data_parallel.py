@@ -43,6 +43,7 @@ __all__ = [
     "is_peer_failure",
     "launched",
     "leave",
+    "planned_world_size",
     "rank_device",
     "share",
     "shutdown",
@@ -106,6 +107,18 @@ def current_world() -> World:
     local = os.environ.get("LOCAL_RANK")
     local_rank = int(local) if local is not None and local.isdigit() else rank
     return World(rank, size, local_rank)
+
+
+def planned_world_size() -> int | None:
+    """The number of processes of this job, known before its process group starts: the
+    group's size once started, else ``WORLD_SIZE`` under ``torchrun``, else 1. None when
+    ``WORLD_SIZE`` is not a positive integer (:func:`init_distributed` names that error)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    if not launched():
+        return 1
+    text = os.environ["WORLD_SIZE"]
+    return int(text) if text.isdigit() and int(text) > 0 else None
 
 
 def backend_for(device: str | torch.device) -> str:

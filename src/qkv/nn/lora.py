@@ -26,7 +26,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LoRALinear", "add_lora", "lora_parameters", "merge_lora"]
+__all__ = ["LoRALinear", "add_lora", "lora_layers", "lora_parameters", "merge_lora",
+           "restore_lora"]
 
 
 class LoRALinear(nn.Module):
@@ -147,4 +148,34 @@ def merge_lora(model: nn.Module) -> nn.Module:
     for name, module in list(model.named_modules()):
         if isinstance(module, LoRALinear):
             _set(model, name, module.merged())
+    return model
+
+
+def lora_layers(model: nn.Module) -> dict[str, dict[str, float]]:
+    """``{layer name: {"rank", "alpha", "dropout"}}`` of every adapter in ``model`` (what a
+    checkpoint records so that :func:`restore_lora` can rebuild them)."""
+    return {n: {"rank": m.rank, "alpha": m.alpha, "dropout": m.drop.p}
+            for n, m in model.named_modules() if isinstance(m, LoRALinear)}  # fmt: skip
+
+
+def restore_lora(model: nn.Module, layers: object) -> nn.Module:
+    """Put adapters on ``model`` as :func:`lora_layers` described them; freeze the rest.
+
+    Raises:
+        TypeError: ``layers`` not a mapping of names to ``{"rank", "alpha", "dropout"}``.
+        ValueError: a layer the model does not have, or not an ``nn.Linear``; bad sizes.
+    """
+    if not isinstance(layers, dict) or not all(
+        isinstance(v, dict) and set(v) == {"rank", "alpha", "dropout"} for v in layers.values()
+    ):
+        raise TypeError("LoRA layers must map layer names to {'rank', 'alpha', 'dropout'}")
+    modules = dict(model.named_modules())
+    for name, kind in layers.items():
+        if not isinstance(modules.get(name), nn.Linear):
+            raise ValueError(f"LoRA layer {name!r} is not an nn.Linear of this model")
+        _check(kind["rank"], kind["alpha"], kind["dropout"])
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for name, kind in layers.items():
+        _set(model, name, LoRALinear(modules[name], kind["rank"], kind["alpha"], kind["dropout"]))
     return model

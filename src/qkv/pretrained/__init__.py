@@ -46,6 +46,7 @@ from torch import Tensor
 
 from qkv.data.files import BadFileError, MissingFileError
 from qkv.pretrained.bundle import DecoderBundle, EncoderBundle, cosine_table
+from qkv.pretrained.chat_data import chat_document, chat_documents, text_documents
 from qkv.pretrained.registry import PACKAGED, known_names, load, locate
 from qkv.pretrained.save_hf import save_hf
 from qkv.pretrained.seq2seq_bundle import Seq2SeqBundle
@@ -61,6 +62,8 @@ __all__ = [
     "PretrainedTokenizer",
     "Seq2SeqBundle",
     "SpeechBundle",
+    "chat_document",
+    "chat_documents",
     "cosine_table",
     "embed",
     "known_names",
@@ -68,6 +71,7 @@ __all__ = [
     "locate",
     "save_hf",
     "stream_chat",
+    "text_documents",
 ]
 
 

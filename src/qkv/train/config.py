@@ -24,12 +24,15 @@ from typing import Any
 from qkv.checks import is_int, is_number
 from qkv.data.files import read_toml
 
-__all__ = ["METRIC_MODES", "SCHEDULES", "TrainConfig"]
+__all__ = ["CONTEXT_METHODS", "METRIC_MODES", "SCHEDULES", "TrainConfig"]
 
 # The most optimizer steps a config accepts (qkv train --steps 10**30 ran with no end).
 MAX_STEPS = 10**9
 
 SCHEDULES = ("inverse_sqrt", "cosine", "constant")
+# How attention crosses the processes of a context-parallel run: qkv.distributed.context.METHODS
+# (not imported here: this module loads with ``qkv train --help``, torch.distributed need not).
+CONTEXT_METHODS = ("auto", "ring", "all_to_all")
 # Metrics that early stopping and the ``best`` checkpoint may watch, and which way is better.
 METRIC_MODES = {
     "loss": "min",
@@ -83,12 +86,23 @@ class TrainConfig:
         bf16: run forward passes under ``torch.autocast(dtype=torch.bfloat16)``. Off by
             default: on a CPU without native bfloat16 (no AVX512-BF16/AMX) autocast was
             measured 3.6x (d_model 64) to 18x (d_model 256) slower than float32.
+        checkpoint_activations: each block of the model (each element of its outermost
+            ``nn.ModuleList``) recomputes its activations in backward instead of storing
+            them (:mod:`qkv.train.memory`): less memory per step for about a third more
+            compute, the same losses and weights. Training only; checkpoints are unchanged.
         device: where to train (``"cpu"``, ``"cuda"``, ...). In a data-parallel run
             ``"cuda"`` means each rank's own GPU, ``cuda:LOCAL_RANK``.
         fsdp: in a data-parallel run (a process group of several ranks, e.g. under
             ``torchrun``), shard parameters, gradients and optimizer state across the ranks
             with FSDP2 instead of keeping a whole replica per rank with DDP; no effect with
             one process.
+        context_parallel: language models under ``torchrun``: the processes that share one
+            sequence (context parallelism, :mod:`qkv.train.context`). Each of them holds
+            about ``block_size / N`` positions of every row of its data-parallel group; the
+            world size must be a multiple of ``N``. 1 = off (every process holds whole rows).
+            Needs ``block_size >= 2N``; not with ``fsdp`` or ``pack``.
+        context_method: how attention crosses those processes: ``"auto"``, ``"ring"`` or
+            ``"all_to_all"`` (:func:`qkv.distributed.context.choose_method`).
         run_dir: folder for ``metrics.jsonl``, ``loss.png`` and the ``last``/``best``
             checkpoints; None = write nothing.
         save_every: also write ``last`` every this many steps; None = at evaluations and
@@ -123,8 +137,11 @@ class TrainConfig:
     patience: int | None = None
     seed: int = 0
     bf16: bool = False
+    checkpoint_activations: bool = False
     device: str = "cpu"
     fsdp: bool = False
+    context_parallel: int = 1
+    context_method: str = "auto"
     run_dir: str | None = None
     save_every: int | None = None
     log_every: int = 10
@@ -155,7 +172,7 @@ class TrainConfig:
         ):
             raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
         object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
-        for name in ("bf16", "fsdp", "progress", "plot", "pack"):
+        for name in ("bf16", "checkpoint_activations", "fsdp", "progress", "plot", "pack"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.device, str) or not self.device:
@@ -164,6 +181,7 @@ class TrainConfig:
             if not isinstance(self.run_dir, str | os.PathLike):
                 raise ValueError(f"run_dir must be a path or None, got {self.run_dir!r}")
             object.__setattr__(self, "run_dir", str(self.run_dir))
+        self._check_context()
 
     def _check_ints(self) -> None:
         # (name, smallest allowed value, may be None)
@@ -199,6 +217,31 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a finite number {want}, got {v!r}")
         if self.clip is not None and (not is_number(self.clip) or self.clip <= 0):
             raise ValueError(f"clip must be a finite number > 0 or None, got {self.clip!r}")
+
+    def _check_context(self) -> None:
+        """``context_parallel`` and ``context_method`` (the flags are named: the command line
+        is where they are usually given)."""
+        n, method = self.context_parallel, self.context_method
+        if not is_int(n) or n < 1:
+            raise ValueError(f"context_parallel (--context-parallel) must be an int >= 1, "
+                             f"got {n!r}")  # fmt: skip
+        if method not in CONTEXT_METHODS:
+            raise ValueError(f"context_method (--context-method) must be one of "
+                             f"{CONTEXT_METHODS}, got {method!r}")  # fmt: skip
+        if n == 1:
+            return
+        if self.block_size < 2 * n:
+            raise ValueError(
+                f"--context-parallel {n} exceeds block_size / 2 = {self.block_size // 2}: each "
+                f"of the {n} processes sharing a sequence needs at least 2 of its "
+                f"block_size={self.block_size} positions"
+            )
+        for name, flag in (("fsdp", "--fsdp"), ("pack", "--pack")):
+            if getattr(self, name):
+                raise ValueError(
+                    f"--context-parallel {n} does not combine with {name}=True ({flag}): "
+                    "context-parallel training runs under DDP on windows of a token stream"
+                )
 
     @property
     def metric_mode(self) -> str:

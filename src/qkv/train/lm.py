@@ -7,7 +7,10 @@ windows, so its numbers do not depend on a seed.
 
 Under ``torchrun`` (an initialised process group of several ranks) :func:`train_lm` trains
 data-parallel (:mod:`qkv.train.parallel`), and its evaluations split the windows across the
-ranks and add up their sums (``evaluate_lm(..., distributed=True)``).
+ranks and add up their sums (``evaluate_lm(..., distributed=True)``). With
+``config.context_parallel = N`` it also shares each window's positions among ``N`` ranks
+(context parallelism, token streams only: :mod:`qkv.train.context`); evaluation then runs
+without it, every rank evaluating whole windows of its share.
 
 Documents: both functions also take a list of token-id documents instead of a stream (e.g.
 paragraphs, each ``tok.encode(text, add_bos=True, add_eos=True)``). Rows of ``block_size``
@@ -16,11 +19,14 @@ positions are then made once by :func:`~qkv.data.packing.pack_lm`: with ``config
 ``document_ids=`` so attention never crosses documents; without it one document per row,
 right-padded (the padded baseline; each batch is cut to its longest row). Targets never cross
 a document's end, and padding counts in no loss and in no token of ``tokens_per_second``.
+A :class:`~qkv.data.packing.LabeledDocument` is learned only where its labels say (a chat's
+assistant turns, :func:`qkv.pretrained.chat_documents`); rows that learn nothing are dropped.
 Each epoch visits the rows in a seeded random order (seed ``config.seed + epoch``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -29,10 +35,11 @@ from torch import Tensor, nn
 
 from qkv.data.batching import LMBatch, lm_batches
 from qkv.data.datasets import dataset_documents, is_torch_data
-from qkv.data.packing import IGNORE_INDEX, PackedRows, pack_lm
+from qkv.data.packing import IGNORE_INDEX, PAD_DOCUMENT, PackedRows, pack_lm
 from qkv.data.tokenizers import Tokenizer
 from qkv.distributed.data_parallel import all_reduce_sum, current_world, share, slice_rows
 from qkv.train.config import TrainConfig
+from qkv.train.context import shard_positions
 from qkv.train.loop import Callback, Job, TrainResult, fit
 from qkv.train.losses import token_loss
 from qkv.train.metrics import perplexity
@@ -67,16 +74,28 @@ def _is_documents(ids: object) -> bool:
 def _rows(name: str, docs: Sequence, block_size: int, packed: bool, vocab: int | None
           ) -> PackedRows:  # fmt: skip
     """Rows of documents for language modelling, checked against the vocabulary."""
-    rows = pack_lm(docs, block_size, packed=packed)
+    rows = _learned_rows(pack_lm(docs, block_size, packed=packed))
     if len(rows) == 0:
-        raise ValueError(f"{name} holds no document of 2 or more tokens: nothing to predict")
-    real = rows.targets != IGNORE_INDEX  # (N, T)
-    lo = min(int(rows.tokens[real].min()), int(rows.targets[real].min()))
-    hi = max(int(rows.tokens[real].max()), int(rows.targets[real].max()))
+        raise ValueError(f"{name} holds no document of 2 or more tokens with a learned token: "
+                         "nothing to predict")  # fmt: skip
+    real, learned = rows.document_ids != PAD_DOCUMENT, rows.targets != IGNORE_INDEX  # (N, T)
+    lo = min(int(rows.tokens[real].min()), int(rows.targets[learned].min()))
+    hi = max(int(rows.tokens[real].max()), int(rows.targets[learned].max()))
     if vocab is not None and (lo < 0 or hi >= vocab):
         raise ValueError(f"{name} has ids outside the model's vocabulary [0, {vocab}): "
                          f"min {lo}, max {hi}")  # fmt: skip
     return rows
+
+
+def _learned_rows(rows: PackedRows) -> PackedRows:
+    """``rows`` without those that learn nothing (a piece of a :class:`LabeledDocument` with
+    no learned token): a batch of them would average a loss over zero tokens."""
+    keep = (rows.targets != IGNORE_INDEX).any(dim=1)  # (N,)
+    if bool(keep.all()):
+        return rows
+    return dataclasses.replace(rows, tokens=rows.tokens[keep], targets=rows.targets[keep],
+                               document_ids=rows.document_ids[keep],
+                               positions=rows.positions[keep])  # fmt: skip
 
 
 def document_batches(rows: PackedRows, batch_size: int, order: Tensor, packed: bool
@@ -90,7 +109,7 @@ def document_batches(rows: PackedRows, batch_size: int, order: Tensor, packed: b
         if packed:
             yield LMBatch(inputs, targets, rows.document_ids[idx])
             continue
-        width = int((targets != IGNORE_INDEX).sum(dim=1).max())
+        width = int((rows.document_ids[idx] != PAD_DOCUMENT).sum(dim=1).max())
         yield LMBatch(inputs[:, :width], targets[:, :width])  # (B, width) each
 
 
@@ -193,7 +212,11 @@ def train_lm(
 
     Under ``torchrun`` every rank calls this with the same arguments and the run is
     data-parallel (see :func:`~qkv.train.loop.fit`): ``config.batch_size`` stays the global
-    batch, each rank trains on its share, and the weights equal one process's.
+    batch, each rank trains on its share, and the weights equal one process's. With
+    ``config.context_parallel = N`` (a token stream only) every group of ``N`` ranks shares
+    its rows' ``(B_g, T)`` windows, each rank running the model on ``(B_g, T_r)`` positions
+    (:mod:`qkv.train.context`); the weights still equal one process's, and evaluations run
+    on whole windows (each rank its share of them, no context parallelism).
 
     Args:
         model: e.g. :class:`qkv.models.DecoderLM`; seed (:func:`~qkv.train.seed_everything`)
@@ -218,7 +241,8 @@ def train_lm(
     Raises:
         ValueError: ``config.batch_tokens`` set (LM batches are ``batch_size`` windows),
             malformed or too-short streams, ``config.pack`` with a stream (packing needs
-            document boundaries), and as :func:`~qkv.train.loop.fit`.
+            document boundaries), ``config.context_parallel > 1`` with documents, and as
+            :func:`~qkv.train.loop.fit`.
         TypeError: a Dataset whose first item is not a document of token ids (the message
             names what it is).
     """
@@ -234,6 +258,11 @@ def train_lm(
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     T, batch_size = config.block_size, config.batch_size
     if _is_documents(ids):
+        if config.context_parallel > 1:
+            raise ValueError(
+                f"--context-parallel {config.context_parallel} trains on windows of a token "
+                "stream; pass one stream of ids, not a list of documents"
+            )
         rows = _rows("ids", ids, T, config.pack, vocab)
 
         def epoch_batches(epoch: int) -> Iterator[LMBatch]:
@@ -269,6 +298,7 @@ def train_lm(
         batch_tokens=lambda b: int((b.targets != IGNORE_INDEX).sum()),
         loss=loss, evaluate=None if valid is None else evaluate, metrics=LM_METRICS,
         tokenizers={} if tokenizer is None else {"text": tokenizer},
+        sequence_shard=shard_positions,
     )  # fmt: skip
     return fit(job, config, callbacks=callbacks, resume=resume)
 

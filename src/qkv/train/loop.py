@@ -14,7 +14,9 @@ never shifts the random numbers of later steps.
 
 Data parallelism needs no change here: under ``torchrun`` (or any initialised process group
 of several ranks) each rank trains on its share of the same global batch, with DDP or FSDP2,
-and the run equals one process with the same seed and batch (:mod:`qkv.train.parallel`).
+and the run equals one process with the same seed and batch (:mod:`qkv.train.parallel`);
+with ``config.context_parallel`` several ranks also share each sequence
+(:mod:`qkv.train.context`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from torch import nn
 from qkv.data.tokenizers import Tokenizer
 from qkv.train.config import TrainConfig
 from qkv.train.losses import LossParts
+from qkv.train.memory import checkpointed_blocks
 from qkv.train.parallel import Shard
 from qkv.train.steps import Run, seed_everything
 
@@ -60,6 +63,10 @@ class Job:
         shard: ``(batch, rank, world_size) -> that rank's part, or None when it has no rows``,
             for a data-parallel run; None = contiguous rows of every tensor in the batch (a
             tensor, or a dataclass, tuple, list or dict of tensors, first dimension ``B``).
+        sequence_shard: ``(part, rank, size) -> that rank's positions of every sequence in
+            part`` for context parallelism (``config.context_parallel > 1``, see
+            :mod:`qkv.train.context`), e.g. :func:`~qkv.train.context.shard_positions`; None =
+            this job cannot be trained context-parallel (:func:`fit` refuses it).
     """
 
     model: nn.Module
@@ -70,6 +77,7 @@ class Job:
     metrics: tuple[str, ...] = ()
     tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     shard: Shard | None = None
+    sequence_shard: Shard | None = None
 
 
 @dataclass(frozen=True)
@@ -140,14 +148,18 @@ def fit(
         FloatingPointError: a non-finite loss or gradient norm (the step is not applied).
         FileNotFoundError / CheckpointError: a checkpoint to resume from is missing or bad.
         ValueError: ``config.metric`` not among the evaluation's metrics, patience without
-            validation data, or no training batches.
+            validation data, no training batches, or ``config.checkpoint_activations``
+            with a model that has no blocks (no ``nn.ModuleList``).
         PeerError: data-parallel: another rank failed (its own error says why) or timed out.
     """
     run = Run(job, config, callbacks, resume)
     run.ranks.train_model.train()
     try:
-        while run.running:
-            run.step()  # steps 2-11
+        # config.checkpoint_activations: the blocks of the model being trained recompute
+        # their activations in backward, during the steps only (qkv.train.memory)
+        with checkpointed_blocks(run.ranks.train_model, config.checkpoint_activations):
+            while run.running:
+                run.step()  # steps 2-11
         run.finish()  # step 12
     except KeyboardInterrupt:
         run.interrupted()

@@ -23,7 +23,10 @@ group of ``N > 1`` ranks (``torchrun``, or your own ``init_process_group``):
    single process would, plus each rank's random state; everyone waits at a barrier until the
    folder is in place. Any number of processes can resume it (weights, optimizer and data
    position do not depend on ``N``).
-5. **One set of numbers.** The step's loss and every stop decision (a callback's, the time
+5. **Context parallelism** (``config.context_parallel = N > 1``): the world becomes ``W / N``
+   data groups of ``N`` ranks that share each row's sequence (:mod:`qkv.train.context`); the
+   rows are shared among the data groups as above among ranks, and the weight stays ``W``.
+6. **One set of numbers.** The step's loss and every stop decision (a callback's, the time
    limit's) are reduced across ranks, so all ranks agree on when to evaluate, save and stop.
 """
 
@@ -62,6 +65,7 @@ from qkv.distributed.dp_model import (
     wrap_ddp,
 )
 from qkv.train.config import TrainConfig
+from qkv.train.context import TrainMesh, check_context_world, context_mesh
 from qkv.train.schedules import make_optimizer
 from qkv.train.state import get_rng, rank_rng, rank_seed, set_rank_rng
 
@@ -110,6 +114,8 @@ class Ranks:
         if self.device.type == "cuda" and self.world.parallel:
             torch.cuda.set_device(self.device)
         self.config = config
+        check_context_world(config.context_parallel, self.world.size)
+        self.mesh = TrainMesh.plain(self.world)  # the 2-D mesh of context parallelism: start()
         self.model = model.to(self.device)
         self.optimizer = make_optimizer(self.model, config)
         self.fsdp = config.fsdp and self.world.parallel
@@ -145,6 +151,7 @@ class Ranks:
         taking over ``optimizer``'s state. Collective."""
         if not self.parallel:
             return
+        self.mesh = context_mesh(self.config, self.world, self.device)
         if not self.fsdp:
             self.train_model = wrap_ddp(self.model, self.device)
             return
@@ -159,16 +166,29 @@ class Ranks:
         self.optimizer.state.clear()  # the shards hold it now
         self.release()
 
-    def share(self, batch: Any, shard: Shard | None) -> tuple[Any, int]:
+    def share(self, batch: Any, shard: Shard | None,
+              positions: Shard | None = None) -> tuple[Any, int]:  # fmt: skip
         """``(this rank's part of batch, weight of its summed loss)``; the weight is the world
-        size (gradients are averaged over ranks), 0 for a borrowed row, 1 with one process."""
+        size (gradients are averaged over ranks), 0 for a borrowed row, 1 with one process.
+
+        The rows are this rank's data group's share; with context parallelism ``positions``
+        (``(part, rank, size) -> its shard``, see :attr:`~qkv.train.loop.Job.sequence_shard`)
+        then cuts them to this rank's positions."""
         if not self.parallel:
             return batch, 1
-        cut = shard or default_shard
-        part = cut(batch, self.world.rank, self.world.size)
+        cut, mesh = shard or default_shard, self.mesh
+        part, weight = cut(batch, mesh.data_rank, mesh.data_size), self.world.size
         if part is None:
-            return cut(batch, 0, self.world.size), 0
-        return part, self.world.size
+            part, weight = cut(batch, 0, mesh.data_size), 0
+        if mesh.group is not None:
+            assert positions is not None, "Run refuses a job without sequence_shard"
+            part = positions(part, mesh.context_rank, mesh.context_size)
+        return part, weight
+
+    def context(self) -> AbstractContextManager[Any]:
+        """Inside, the model runs on this rank's sequence shards (context parallelism;
+        :class:`~qkv.train.context.TrainMesh`); a no-op otherwise."""
+        return self.mesh.context(self.train_model)
 
     def gradient_sync(self, enabled: bool) -> AbstractContextManager[None]:
         """Reduce gradients in this backward pass only if ``enabled`` (the last micro-batch)."""

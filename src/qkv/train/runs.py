@@ -24,12 +24,14 @@ from typing import Any
 from qkv.checkpoint import load_checkpoint
 from qkv.data import BPETokenizer, ByteTokenizer, CharTokenizer
 from qkv.data.packing import plan_rows, split_documents
-from qkv.distributed.data_parallel import current_world
+from qkv.distributed.data_parallel import current_world, planned_world_size
 from qkv.generate import is_seq2seq
 from qkv.models import DecoderLM, DecoderLMConfig, Seq2SeqConfig, Seq2SeqTransformer
 from qkv.train.config import TrainConfig
+from qkv.train.context import check_context_world
 from qkv.train.lm import evaluate_lm, train_lm
 from qkv.train.loop import seed_everything
+from qkv.train.memory import bf16_note
 from qkv.train.recipes import StopWhen
 from qkv.train.seq2seq import evaluate_seq2seq, train_seq2seq
 from qkv.train.spec import DEFAULT_BPE_VOCAB, Dataset, DataSpec, read_data_spec
@@ -64,7 +66,10 @@ def build_train_config(kind: str, table: dict[str, Any], options: dict[str, Any]
     """A :class:`~qkv.train.TrainConfig`: defaults, then the file's keys, then the options.
 
     Raises:
-        ValueError: an unknown key or a bad value (the message names it).
+        ValueError: an unknown key or a bad value (the message names it); ``--pack`` or
+            ``--context-parallel`` with data other than text; ``--context-parallel N`` that
+            the processes ``torchrun`` starts cannot host (one process, or ``N`` not dividing
+            their number).
     """
     base = LM_TRAIN if kind == "text" else SEQ2SEQ_TRAIN
     given = {k: v for k, v in options.items() if v is not None}
@@ -78,6 +83,15 @@ def build_train_config(kind: str, table: dict[str, Any], options: dict[str, Any]
             f"--pack: pack packs language-model documents: it applies to text (--text), not to "
             f"{kind} data"
         )
+    if config.context_parallel > 1 and kind != "text":
+        raise ValueError(
+            f"--context-parallel {config.context_parallel}: context parallelism trains language "
+            f"models on text (--text), not on {kind} data"
+        )
+    # before any process group or run folder: the world torchrun is starting must host it
+    size = planned_world_size()
+    if size is not None:
+        check_context_world(config.context_parallel, size)
     return config
 
 
@@ -167,7 +181,8 @@ def run_training(spec: DataSpec, data: Dataset, toks: dict[str, Any], model, con
     """Train and test; returns ``{"result", "test": metrics, "split": name}``.
 
     ``resume``: a ``last`` checkpoint to continue exactly (:func:`~qkv.train.loop.fit`).
-    ``log`` receives one line about the data before training starts. Under ``torchrun``
+    ``log`` receives one line about the data before training starts (and, with ``bf16``
+    on a CPU that emulates it, :func:`~qkv.train.memory.bf16_note`'s line). Under ``torchrun``
     every rank calls this alike: training is data-parallel, and the test split is shared
     out across the ranks and its metrics reduced.
 
@@ -176,6 +191,9 @@ def run_training(spec: DataSpec, data: Dataset, toks: dict[str, Any], model, con
     """
     callbacks = [StopWhen(config.metric, None, max_seconds)] if max_seconds else []
     distributed = current_world().parallel
+    note = bf16_note(config.device) if config.bf16 else None
+    if note is not None:  # bf16 emulated on this CPU: it runs, slowly (qkv.train.memory)
+        log(note)
     if spec.kind == "text":
         tok = toks["text"]
         if config.pack:

@@ -109,6 +109,8 @@ class Run:
         self.bar = ProgressBar(config.steps, initial=self.state.step,
                                enabled=config.progress and self.main,
                                log_every=config.log_every)  # fmt: skip
+        if self.ranks.mesh.group is not None:
+            self.bar.message(str(self.ranks.mesh))  # context parallel: how the world is split
         self.train_seconds, self.train_tokens = 0.0, 0
         self.window_tokens, self.window_start = 0, time.perf_counter()
 
@@ -163,8 +165,10 @@ class Run:
         ranks = self.ranks
         loss_sum = nll_sum = 0.0
         for i, batch in enumerate(micro):
-            part, weight = ranks.share(batch, self.job.shard)
-            with ranks.gradient_sync(i == len(micro) - 1):
+            part, weight = ranks.share(batch, self.job.shard, self.job.sequence_shard)
+            # context parallel: the model runs on sequence shards, backward too (a block
+            # that recomputes its activations runs attention across the ranks again)
+            with ranks.gradient_sync(i == len(micro) - 1), ranks.context():
                 with self.autocast:
                     parts = self.job.loss(ranks.train_model, part)
                 (parts.loss_sum * weight / tokens).backward()
@@ -285,6 +289,12 @@ class Run:
 
 
 def _check(job: Job, config: TrainConfig) -> None:
+    if config.context_parallel > 1 and job.sequence_shard is None:
+        raise ValueError(
+            f"--context-parallel {config.context_parallel}: this run cannot cut its sequences "
+            "across processes; context parallelism trains decoder-only language models on a "
+            "token stream (train_lm, qkv train --text)"
+        )
     if config.patience is not None and job.evaluate is None:
         raise ValueError(f"patience={config.patience} needs validation data, got none")
     if job.evaluate is not None and job.metrics and config.metric not in job.metrics:
