@@ -115,3 +115,49 @@ def test_qkv_train_pack_on_a_tiny_corpus(tmp_path):
     train = [r["loss"] for r in records if r["split"] == "train"]
     assert len(train) == 4 and train[-1] < 0.8 * train[0], train
     assert (out / "best" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_labeled_documents_train_as_their_labels_say_with_logits_only_where_learned(
+        pack, monkeypatch):  # fmt: skip
+    """Documents learned on their second half only: the run (logits only at learned
+    positions) equals the same run computing every position's logits, and its loss is the
+    cross-entropy of the learned tokens alone (checked against a plain computation)."""
+    import qkv.train.lm as lm
+    from qkv.data.packing import LabeledDocument
+
+    docs = [LabeledDocument(d, [IGNORE_INDEX] * (len(d) // 2) + d[len(d) // 2 :])
+            for d in documents(40)]  # fmt: skip
+    config = TrainConfig(**{**CONFIG, "steps": 6, "pack": pack})
+    sparse_run = train_lm(model(), docs, config)
+    monkeypatch.setattr(lm, "_sparse", lambda model, docs: False)
+    dense = model()
+    dense_run = train_lm(dense, docs, config)
+    for a, b in zip(sparse_run.history, dense_run.history, strict=True):
+        assert_close(a["loss"], b["loss"], atol=1e-5, rtol=1e-5, name=f"step {a['step']} loss")
+        assert a["tokens"] == b["tokens"]
+    # the loss is the cross-entropy of the learned tokens alone
+    rows = pack_lm(docs, 32, packed=pack)
+    assert int((rows.targets != IGNORE_INDEX).sum()) == sum(d.learned for d in docs)
+    monkeypatch.undo()
+    m = model().eval()
+    got = evaluate_lm(m, docs, block_size=32, batch_size=8, pack=pack)["loss"]
+    with torch.no_grad():
+        logits = m(rows.tokens, document_ids=rows.document_ids) if pack else m(rows.tokens)
+    want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), rows.targets.flatten(),
+                                             ignore_index=IGNORE_INDEX)  # fmt: skip
+    assert_close(got, want, atol=1e-5, name="evaluation loss on learned tokens")
+
+
+def test_decoder_logits_at_equal_those_positions_of_the_full_logits():
+    m, ids = model().eval(), torch.randint(0, V, (3, 17))
+    keep = torch.rand(3, 17) < 0.3
+    with torch.no_grad():
+        full, part = m(ids), m(ids, logits_at=keep)
+    assert_close(part, full[keep], atol=1e-6, name="logits_at")
+    with pytest.raises(ValueError, match="logits_at must have input_ids' shape"):
+        m(ids, logits_at=keep[:, :5])
+    with pytest.raises(TypeError, match="logits_at must be a bool tensor"):
+        m(ids, logits_at=keep.long())
+    with pytest.raises(ValueError, match="logits_at and labels"):
+        m(ids, logits_at=keep, labels=ids)

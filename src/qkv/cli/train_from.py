@@ -241,7 +241,7 @@ def report(console: Any, done: dict[str, Any], run_dir: Path, world: World) -> N
     """Rank 0's closing lines of a fine-tuning run."""
     result, before, after = done["result"], done["before"], done["after"]
     console.print(f"trained {result.steps:,} steps in {result.seconds:.1f} s "
-                  f"({result.tokens_per_second:,.0f} tokens/s"
+                  f"({result.tokens_per_second:,.0f} learned tokens/s"
                   f"{f' on {world.size} processes' if world.parallel else ''})",
                   markup=False)  # fmt: skip
     if before is not None and after is not None:

@@ -185,6 +185,7 @@ class DecoderLM(ModelBase):
         positions: Tensor | None = None,
         document_ids: Tensor | None = None,
         labels: Tensor | None = None,
+        logits_at: Tensor | None = None,
     ) -> Tensor | CausalLMOutput:
         """Next-token logits for every position (and, given ``labels``, the loss).
 
@@ -208,9 +209,15 @@ class DecoderLM(ModelBase):
                 :class:`~qkv.models.lm_loss.CausalLMOutput` with ``.loss`` (the mean
                 next-token cross-entropy, :func:`~qkv.models.lm_loss.causal_lm_loss`) and
                 ``.logits``.
+            logits_at: ``(B, T)`` bool: the logits of these positions only, ``(N, V)`` in
+                row-major order (``N`` = True entries), as transformers' ``logits_to_keep``
+                but per position: training on a chat's replies needs the output layer (a
+                fifth of a small model's compute) only where the loss counts. Not with
+                ``labels``.
 
         Returns:
-            ``(B, T, V)`` logits; with ``labels``, ``CausalLMOutput(loss, logits)``.
+            ``(B, T, V)`` logits (``(N, V)`` with ``logits_at``); with ``labels``,
+            ``CausalLMOutput(loss, logits)``.
 
         Raises:
             TypeError: non-integer ids, positions or document ids, a cache that is not a
@@ -218,16 +225,19 @@ class DecoderLM(ModelBase):
             ValueError: ids out of ``[0, V)``, an input (a document, when packed) beyond
                 ``max_len`` (learned positions), masks, positions or document ids of the wrong
                 shape, a cache with another layer count, ``document_ids`` with a cache or an
-                attention mask.
+                attention mask, ``logits_at`` not a ``(B, T)`` bool tensor or with ``labels``.
         """
-        logits = self._logits(input_ids, attention_mask, cache, positions, document_ids)
+        if logits_at is not None:
+            _check_logits_at(logits_at, input_ids, labels)
+        logits = self._logits(input_ids, attention_mask, cache, positions, document_ids,
+                              logits_at)  # fmt: skip
         return logits if labels is None else CausalLMOutput(causal_lm_loss(logits, labels),
                                                             logits)
 
     def _logits(self, input_ids: Tensor, attention_mask: Tensor | None,
                 cache: KVCache | None, positions: Tensor | None,
-                document_ids: Tensor | None) -> Tensor:  # fmt: skip
-        """:meth:`forward`'s logits ``(B, T, V)``."""
+                document_ids: Tensor | None, keep: Tensor | None = None) -> Tensor:  # fmt: skip
+        """:meth:`forward`'s logits ``(B, T, V)`` (``(N, V)`` at ``keep``)."""
         c = self.config
         B, T = check_ids("input_ids", input_ids, c.vocab_size).shape
         cache = check_cache(cache, c.num_layers)
@@ -267,14 +277,17 @@ class DecoderLM(ModelBase):
                 h, mask=mask, is_causal=causal, cache=None if cache is None else cache[i],
                 positions=positions, block_mask=block_mask,
             )  # (B, T, E)
-        return self._head(h)
+        return self._head(h, keep)
 
-    def _head(self, h: Tensor) -> Tensor:
-        """Final norm, ``lm_head`` and soft cap: ``(B, T, E) -> (B, T, V)``."""
+    def _head(self, h: Tensor, keep: Tensor | None = None) -> Tensor:
+        """Final norm, ``lm_head`` and soft cap: ``(B, T, E) -> (B, T, V)``, or ``(N, V)`` at
+        the positions ``keep`` ``(B, T)`` marks."""
         c = self.config
+        if keep is not None:
+            h = h[keep]  # (N, E)
         if self.norm_f is not None:
             h = self.norm_f(h)
-        logits = self.lm_head(h)  # (B, T, V)
+        logits = self.lm_head(h)  # (B, T, V) or (N, V)
         if c.logit_softcap is not None:
             logits = c.logit_softcap * torch.tanh(logits / c.logit_softcap)  # (B, T, V)
         return logits
@@ -306,3 +319,16 @@ class DecoderLM(ModelBase):
         for i, block in enumerate(self.blocks):
             h = block(h, mask=mask, cache=cache[i], positions=positions)  # (B, T, E)
         return self._head(h)
+
+
+def _check_logits_at(keep: Tensor, input_ids: Tensor, labels: Tensor | None) -> None:
+    """``logits_at`` is a ``(B, T)`` bool tensor like ``input_ids``, without ``labels``."""
+    if not isinstance(keep, Tensor) or keep.dtype != torch.bool:
+        raise TypeError(f"logits_at must be a bool tensor (B, T), got "
+                        f"{getattr(keep, 'dtype', type(keep).__name__)}")  # fmt: skip
+    if tuple(keep.shape) != tuple(input_ids.shape):
+        raise ValueError(f"logits_at must have input_ids' shape (B, T) = "
+                         f"{tuple(input_ids.shape)}, got {tuple(keep.shape)}")  # fmt: skip
+    if labels is not None:
+        raise ValueError("logits_at and labels: the loss needs every position's logits; "
+                         "give one of them")  # fmt: skip

@@ -84,8 +84,10 @@ class TrainConfig:
             None = never stop early.
         seed: seeds torch, ``random`` and NumPy at the start, and the data order.
         bf16: run forward passes under ``torch.autocast(dtype=torch.bfloat16)``. Off by
-            default: on a CPU without native bfloat16 (no AVX512-BF16/AMX) autocast was
-            measured 3.6x (d_model 64) to 18x (d_model 256) slower than float32.
+            default: on a CPU without native bfloat16 (no AVX512-BF16/AMX) autocast is
+            several times slower than float32 (``benchmarks/train_memory.py``: 3.1-3.6x on
+            torch's AVX2 kernels, d_model 256), and saves less memory than
+            ``checkpoint_activations``.
         checkpoint_activations: each block of the model (each element of its outermost
             ``nn.ModuleList``) recomputes its activations in backward instead of storing
             them (:mod:`qkv.train.memory`): less memory per step for about a third more

@@ -27,6 +27,7 @@ Each epoch visits the rows in a seeded random order (seed ``config.seed + epoch`
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -35,13 +36,13 @@ from torch import Tensor, nn
 
 from qkv.data.batching import LMBatch, lm_batches
 from qkv.data.datasets import dataset_documents, is_torch_data
-from qkv.data.packing import IGNORE_INDEX, PAD_DOCUMENT, PackedRows, pack_lm
+from qkv.data.packing import IGNORE_INDEX, PAD_DOCUMENT, LabeledDocument, PackedRows, pack_lm
 from qkv.data.tokenizers import Tokenizer
 from qkv.distributed.data_parallel import all_reduce_sum, current_world, share, slice_rows
 from qkv.train.config import TrainConfig
 from qkv.train.context import shard_positions
 from qkv.train.loop import Callback, Job, TrainResult, fit
-from qkv.train.losses import token_loss
+from qkv.train.losses import LossParts, token_loss
 from qkv.train.metrics import perplexity
 from qkv.train.parallel import train_device
 
@@ -119,6 +120,28 @@ def _logits(model: nn.Module, batch: LMBatch) -> Tensor:
     return model(batch.inputs, document_ids=batch.document_ids)  # (B, T, V)
 
 
+def _sparse(model: nn.Module, docs: object) -> bool:
+    """Whether to compute logits only where a target counts: documents with labels (a chat's
+    replies: most positions are context) on a model that takes ``logits_at`` (DecoderLM)."""
+    inner = getattr(model, "module", model)  # under DDP
+    return (_is_documents(docs) and any(isinstance(d, LabeledDocument) for d in docs)
+            and "logits_at" in inspect.signature(inner.forward).parameters)  # fmt: skip
+
+
+def _batch_loss(model: nn.Module, batch: LMBatch, sparse: bool,
+                label_smoothing: float = 0.0) -> LossParts:  # fmt: skip
+    """:func:`~qkv.train.losses.token_loss` of a batch; ``sparse``: the output layer runs on
+    the ``N`` positions whose target counts only (the same loss, less compute)."""
+    if not sparse:
+        return token_loss(_logits(model, batch), batch.targets, pad_id=None,
+                          label_smoothing=label_smoothing)  # fmt: skip
+    keep = batch.targets != IGNORE_INDEX  # (B, T)
+    extra = {} if batch.document_ids is None else {"document_ids": batch.document_ids}
+    logits = model(batch.inputs, logits_at=keep, **extra)  # (N, V)
+    return token_loss(logits[None], batch.targets[keep][None], pad_id=None,
+                      label_smoothing=label_smoothing)  # fmt: skip
+
+
 def _windows(stream: Tensor, block_size: int, batch_size: int) -> Iterator[LMBatch]:
     """Consecutive non-overlapping windows, ``batch_size`` per batch (the last may be smaller)."""
     n = (stream.numel() - 1) // block_size
@@ -168,6 +191,7 @@ def evaluate_lm(
         _no_pack(pack)
         batches = _windows(_stream("ids", ids, block_size, vocab), block_size, batch_size)
     device = next(iter(model.parameters())).device
+    sparse = _sparse(model, ids)
     was_training = model.training
     world = current_world() if distributed else None
     model.eval()
@@ -182,7 +206,7 @@ def evaluate_lm(
                     if not len(batch.inputs):
                         continue
                 batch = batch.to(device)
-                parts = token_loss(_logits(model, batch), batch.targets, pad_id=None)
+                parts = _batch_loss(model, batch, sparse)
                 nll += parts.nll_sum
                 tokens += parts.tokens
                 correct += parts.correct
@@ -280,12 +304,12 @@ def train_lm(
     if valid_ids is not None and not _is_documents(valid_ids):
         valid = _stream("valid_ids", valid_ids, T, vocab)
     device = train_device(config)
+    sparse = _sparse(model, ids)
     distributed = current_world().parallel
 
     def loss(model: nn.Module, batch: LMBatch):
         batch = batch.to(device)
-        return token_loss(_logits(model, batch), batch.targets, pad_id=None,
-                          label_smoothing=config.label_smoothing)  # fmt: skip
+        return _batch_loss(model, batch, sparse, config.label_smoothing)
 
     def evaluate() -> dict[str, float]:
         assert valid is not None
