@@ -6,7 +6,6 @@ written folder (equal logits), and the data's labels (the loss counts the assist
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -14,50 +13,17 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+from finetune_refs import TEMPLATE, WORDS, tiny_base
+from finetune_refs import write_chats as _chats
 from qkv.checkpoint.adapters import load_adapters
 from qkv.cli.app import app
-from qkv.models import DecoderLM, DecoderLMConfig
-from qkv.pretrained import DecoderBundle, PretrainedTokenizer, load, save_hf
-
-tk = pytest.importorskip("tokenizers")
-
-WORDS = ["<unk>", "<s>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>",
-         *(f"w{i}" for i in range(58))]  # fmt: skip
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|> {% endif %}")  # fmt: skip
-
-
-def _tokenizer() -> PretrainedTokenizer:
-    backend = tk.Tokenizer(tk.models.WordLevel({w: i for i, w in enumerate(WORDS)},
-                                               unk_token="<unk>"))  # fmt: skip
-    backend.pre_tokenizer = tk.pre_tokenizers.WhitespaceSplit()
-    backend.add_special_tokens([tk.AddedToken(t, special=True) for t in WORDS[1:6]])
-    return PretrainedTokenizer(backend, special_tokens={"bos_token": "<s>",
-                               "eos_token": "<|end|>"}, chat_template=TEMPLATE)  # fmt: skip
+from qkv.pretrained import load
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
-    """A random-weight Llama-style folder (GQA, tied nothing) with a chat template."""
-    torch.manual_seed(0)
-    cfg = DecoderLMConfig.llama_style(len(WORDS), d_model=32, num_layers=2, num_heads=4,
-                                      num_kv_heads=2, d_ff=64, max_len=128)  # fmt: skip
-    folder = tmp_path_factory.mktemp("base") / "tiny-llama"
-    return save_hf(DecoderBundle(DecoderLM(cfg), _tokenizer(), "tiny"), folder)
-
-
-def _chats(path: Path, n: int = 20) -> Path:
-    r = random.Random(0)
-    lines = []
-    for _ in range(n):
-        a = r.randrange(20)
-        lines.append(json.dumps({"messages": [
-            {"role": "system", "content": "w50"},
-            {"role": "user", "content": f"w{a} w{a + 1}"},
-            {"role": "assistant", "content": f"w{a + 2} w{a + 3}"},
-        ]}))  # fmt: skip
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    """A random-weight Llama-style folder (GQA) with a chat template."""
+    return tiny_base(tmp_path_factory.mktemp("base") / "tiny-llama")
 
 
 def _run(*args: str) -> str:

@@ -32,7 +32,7 @@ from qkv.distributed.data_parallel import World, current_world, init_distributed
 from qkv.nn.lora import add_lora, merge_lora
 from qkv.pretrained import DecoderBundle, chat_documents, load, save_hf, text_documents
 from qkv.pretrained.chat_data import documents_learned
-from qkv.train import TrainConfig, evaluate_lm, train_lm
+from qkv.train import TrainConfig, evaluate_lm, seed_everything, train_lm
 from qkv.train.recipes import StopWhen
 
 __all__ = ["DEFAULT_TARGETS", "FINETUNE_FILE", "LoRAOptions", "finetune"]
@@ -155,6 +155,7 @@ def finetune(name: str, *, text: Path | None, chat: Path | None, text_column: st
     world = init_distributed(config.device)
     if (run_dir / "last").exists() or (run_dir / FINETUNE_FILE).exists():
         raise ValueError(f"--out {run_dir} already holds a run; choose another folder")
+    seed_everything(config.seed)  # one seed, one initial adapter (A is drawn at random)
     adapted = _adapt(bundle, lora)
     kind = "conversations" if chat is not None else "paragraphs"
     say(f"qkv train --from {name}: {adapted}; {len(train_docs):,} {kind} "
