@@ -148,3 +148,26 @@ def test_bad_data_and_models_are_named(base, tmp_path):
         got = CliRunner().invoke(app, ["train", *args, "--out", str(tmp_path / "run")])
         assert got.exit_code != 0 and message in got.output, (args, got.output)
         assert "Traceback" not in got.output
+
+
+def test_a_fine_tuning_run_resumes_exactly(base, tmp_path):
+    """2 steps, then --resume to 4, equals 4 steps straight: adapters and merged weights."""
+    settings = tmp_path / "run.toml"
+    settings.write_text("schedule = 'constant'\nwarmup = 1\neval_every = 2\n")
+    common = ["--from", str(base), "--chat", str(_chats(tmp_path / "c.jsonl")), "--lora-rank",
+              "2", "--lora-dropout", "0.1", "--batch-size", "4", "--lr", "0.01", "--config",
+              str(settings)]  # fmt: skip
+    _run(*common, "--steps", "4", "--out", str(tmp_path / "straight"))
+    _run(*common, "--steps", "2", "--out", str(tmp_path / "split"))
+    text = _run("--resume", str(tmp_path / "split"), "--steps", "4")
+    assert "step 2 → 4" in text and "trained 4 steps" in text, text
+    for name in ("adapters.safetensors", "model/model.safetensors"):
+        a = load_file(str(tmp_path / "split" / name))
+        b = load_file(str(tmp_path / "straight" / name))
+        for key in b:
+            err = float((a[key] - b[key]).abs().max())
+            assert err == 0.0, f"{name} {key}: resumed vs straight, max error {err:.2e}"
+    record = json.loads((tmp_path / "split" / "finetune.json").read_text())
+    assert record["status"] == "done" and record["steps"] == 4, record
+    got = CliRunner().invoke(app, ["train", "--resume", str(tmp_path / "split"), "--steps", "3"])
+    assert got.exit_code != 0 and "already did 4 of its 3 steps" in got.output, got.output

@@ -28,7 +28,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from qkv.cli.common import FLAG, fail
-from qkv.cli.train_from import finetune, lora_options, refuse_clashes
+from qkv.cli.train_from import (
+    FINETUNE_FILE,
+    finetune,
+    lora_options,
+    plan,
+    refuse_clashes,
+    resume_finetune,
+)
 from qkv.cli.train_from import report as report_from
 from qkv.distributed.data_parallel import (
     World,
@@ -214,6 +221,7 @@ def command(
         if from_ is None and (chat is not None or lora is not None):
             raise ValueError("--chat and --lora-rank fine-tune a pretrained model: give --from "
                              "MODEL")  # fmt: skip
+        tuned = from_ is not None
         if from_ is not None:
             refuse_clashes({"TASK": task, "--pairs": pairs, "--resume": resume,
                             "--d-model": d_model, "--layers": layers, "--heads": heads,
@@ -223,9 +231,9 @@ def command(
             options = dict(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every,
                            seed=seed, device=device, **levers)  # fmt: skip
             run_dir = out if out is not None else Path("runs") / f"{Path(from_).stem}-ft"
-            done, world = finetune(from_, text=text, chat=chat, text_column=text_column,
+            done, world = finetune(plan(from_, text, chat, text_column, lora),
                                    run_dir=run_dir, table=_train_table(config),
-                                   options=options, lora=lora, max_seconds=max_seconds,
+                                   options=options, max_seconds=max_seconds,
                                    say=_say(console))  # fmt: skip
         elif resume is not None:
             given = {"TASK": task, "--text": text, "--pairs": pairs, "--config": config,
@@ -239,7 +247,13 @@ def command(
                 raise ValueError(f"--resume continues a run with its own data and settings; "
                                  f"drop {', '.join(clash)} (only --steps, --max-seconds, "
                                  "--device and --threads go with it)")  # fmt: skip
-            done, spec, run_dir, world = _resume(console, resume, steps, max_seconds, device)
+            if (resume / FINETUNE_FILE).is_file():  # a fine-tuning run
+                run_dir, tuned = resume, True
+                done, world = resume_finetune(resume, steps, max_seconds, device,
+                                              _say(console))  # fmt: skip
+            else:
+                done, spec, run_dir, world = _resume(console, resume, steps, max_seconds,
+                                                     device)  # fmt: skip
         else:
             done, spec, run_dir, world = _train(
                 console, task, text, pairs, config, out, steps, batch_size, lr, eval_every,
@@ -256,7 +270,7 @@ def command(
     finally:
         if launched():
             shutdown(together=finished)
-    if world.is_zero and from_ is not None:
+    if world.is_zero and tuned:
         report_from(console, done, run_dir, world)
     elif world.is_zero:
         _report(console, done, spec, run_dir, world)
@@ -265,14 +279,15 @@ def command(
 
 
 def _train_table(config: Path | None) -> dict[str, Any]:
-    """``--config``'s ``[train]`` table for ``--from`` (its model and data are given)."""
+    """``--config``'s training keys for ``--from`` (its model and data are given)."""
     if config is None:
         return {}
     tables = read_spec_toml(config)
     extra = [f"[{k}]" for k in ("data", "model") if tables[k]]
     if extra:
         raise ValueError(f"{config}: {' and '.join(extra)} do not apply with --from (the "
-                         "pretrained model and its tokenizer are given); keep [train]")  # fmt: skip
+                         "pretrained model and its tokenizer are given); keep the training "
+                         "keys")  # fmt: skip
     return tables["train"]
 
 

@@ -28,19 +28,21 @@ import torch
 
 from qkv.checkpoint import load_checkpoint
 from qkv.checkpoint.adapters import save_adapters
-from qkv.distributed.data_parallel import World, current_world, init_distributed
+from qkv.data.files import BadFileError, read_json
+from qkv.distributed.data_parallel import World, barrier, current_world, init_distributed
 from qkv.nn.lora import add_lora, merge_lora
 from qkv.pretrained import DecoderBundle, chat_documents, load, save_hf, text_documents
 from qkv.pretrained.chat_data import documents_learned
 from qkv.train import TrainConfig, evaluate_lm, seed_everything, train_lm
 from qkv.train.recipes import StopWhen
 
-__all__ = ["DEFAULT_TARGETS", "FINETUNE_FILE", "LoRAOptions", "finetune"]
+__all__ = ["DEFAULT_TARGETS", "FINETUNE_FILE", "FineTune", "LoRAOptions", "finetune", "plan",
+           "resume_finetune"]
 
 FINETUNE_FILE = "finetune.json"
 # Attention's four projections, as PEFT's LoRA examples and the LoRA paper adapt.
 DEFAULT_TARGETS = ("*.q_proj", "*.k_proj", "*.v_proj", "*.out_proj")
-# Fine-tuning defaults (the [train] table of --config and the options win over them): AdamW
+# Fine-tuning defaults (--config's training keys and the options win over them): AdamW
 # without weight decay, a cosine schedule, packed rows of up to 512 tokens.
 FINETUNE_TRAIN = dict(steps=200, batch_size=8, block_size=512, schedule="cosine",
                       weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8, clip=1.0,
@@ -60,6 +62,38 @@ class LoRAOptions:
     targets: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class FineTune:
+    """What a fine-tuning run adapts, to what (``<out>/finetune.json``; ``--resume`` reads it).
+
+    Attributes:
+        base: ``--from``. data: ``--chat`` or ``--text``. kind: ``"chat"`` or ``"text"``.
+        text_column: ``--text-column``. lora: the adapters, or None (full fine-tuning).
+    """
+
+    base: str
+    data: str
+    kind: str
+    text_column: str | None
+    lora: LoRAOptions | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "lora": None if self.lora is None else asdict(self.lora)}
+
+    @classmethod
+    def read(cls, file: Path) -> FineTune:
+        """Raises: BadFileError: a file ``finetune.json`` does not describe, named."""
+        record = read_json(file)
+        try:
+            lora = record["lora"]
+            return cls(record["base"], record["data"], record["kind"], record["text_column"],
+                       None if lora is None else LoRAOptions(lora["rank"], lora["alpha"],
+                       lora["dropout"], tuple(lora["targets"])))  # fmt: skip
+        except (KeyError, TypeError) as err:
+            raise BadFileError(f"{file}: not a qkv fine-tuning record ({err!r} missing or "
+                               "malformed)", path=file) from None
+
+
 def _bundle(name: str) -> DecoderBundle:
     """The pretrained decoder to fine-tune; anything else named by ``--from``."""
     bundle = load(name)
@@ -74,20 +108,30 @@ def _bundle(name: str) -> DecoderBundle:
     return bundle
 
 
-def _documents(bundle: DecoderBundle, text: Path | None, chat: Path | None,
-               text_column: str | None) -> list:  # fmt: skip
+def plan(base: str, text: Path | None, chat: Path | None, text_column: str | None,
+         lora: LoRAOptions | None) -> FineTune:  # fmt: skip
+    """The options of ``qkv train --from`` as one record.
+
+    Raises:
+        ValueError: neither or both of ``--chat`` and ``--text``.
+    """
+    if (text is None) == (chat is None):
+        raise ValueError("--from needs its data: --chat FILE.jsonl (conversations) or --text "
+                         "PATH (plain text), one of them")  # fmt: skip
+    data, kind = (chat, "chat") if chat is not None else (text, "text")
+    return FineTune(base, str(data), kind, text_column, lora)
+
+
+def _documents(bundle: DecoderBundle, spec: FineTune) -> list:
     """The fine-tuning documents of ``--chat`` or ``--text``."""
     from qkv.data.records import RECORD_SUFFIXES, load_records_text
     from qkv.data.text import load_text
 
-    if (text is None) == (chat is None):
-        raise ValueError("--from needs its data: --chat FILE.jsonl (conversations) or --text "
-                         "PATH (plain text), one of them")  # fmt: skip
-    if chat is not None:
-        return chat_documents(bundle.tokenizer, chat)
-    assert text is not None
-    records = text.is_file() and text.suffix.lower() in RECORD_SUFFIXES
-    body = load_records_text(text, key=text_column or "text") if records else load_text(text)
+    data = Path(spec.data)
+    if spec.kind == "chat":
+        return chat_documents(bundle.tokenizer, data)
+    records = data.is_file() and data.suffix.lower() in RECORD_SUFFIXES
+    body = load_records_text(data, key=spec.text_column or "text") if records else load_text(data)
     return text_documents(bundle.tokenizer, body, eos_id=bundle.eos_id)
 
 
@@ -103,7 +147,7 @@ def _split(docs: list, seed: int) -> tuple[list, list | None]:
 
 def _config(table: dict[str, Any], options: dict[str, Any], lora: LoRAOptions | None,
             max_len: int) -> TrainConfig:  # fmt: skip
-    """Fine-tuning defaults, then ``--config``'s ``[train]``, then the options."""
+    """Fine-tuning defaults, then ``--config``'s training keys, then the options."""
     given = {k: v for k, v in options.items() if v is not None}
     fields = {**FINETUNE_TRAIN, "lr": LR["lora" if lora else "full"], **table, **given}
     if "block_size" not in table:  # the default, shortened to the model's positions
@@ -115,7 +159,7 @@ def _config(table: dict[str, Any], options: dict[str, Any], lora: LoRAOptions | 
     config = TrainConfig.from_dict(fields)
     if config.block_size > max_len:
         raise ValueError(f"block_size {config.block_size} is longer than the model's "
-                         f"{max_len} positions; lower it in --config's [train] table")  # fmt: skip
+                         f"{max_len} positions; lower it in --config")  # fmt: skip
     return config
 
 
@@ -137,9 +181,8 @@ def _adapt(bundle: DecoderBundle, lora: LoRAOptions | None) -> str:
             f"{trainable:,} of {total:,} parameters train")  # fmt: skip
 
 
-def finetune(name: str, *, text: Path | None, chat: Path | None, text_column: str | None,
-             run_dir: Path, table: dict[str, Any], options: dict[str, Any],
-             lora: LoRAOptions | None, max_seconds: float | None,
+def finetune(spec: FineTune, *, run_dir: Path, table: dict[str, Any],
+             options: dict[str, Any], max_seconds: float | None,
              say: Any) -> tuple[dict[str, Any], World]:  # fmt: skip
     """Steps 1-5 of the module docstring; ``(what was done, the world)``.
 
@@ -147,31 +190,70 @@ def finetune(name: str, *, text: Path | None, chat: Path | None, text_column: st
         ValueError: a model that cannot be fine-tuned, missing or bad data (naming the file
             and line), bad LoRA options or training settings (naming the option).
     """
-    bundle = _bundle(name)
-    docs = _documents(bundle, text, chat, text_column)
-    config = _config(table, {**options, "run_dir": str(run_dir)}, lora,
+    bundle = _bundle(spec.base)
+    docs = _documents(bundle, spec)
+    config = _config(table, {**options, "run_dir": str(run_dir)}, spec.lora,
                      bundle.model.config.max_len)  # fmt: skip
-    train_docs, valid_docs = _split(docs, config.seed)
     world = init_distributed(config.device)
     if (run_dir / "last").exists() or (run_dir / FINETUNE_FILE).exists():
         raise ValueError(f"--out {run_dir} already holds a run; choose another folder")
     seed_everything(config.seed)  # one seed, one initial adapter (A is drawn at random)
-    adapted = _adapt(bundle, lora)
-    kind = "conversations" if chat is not None else "paragraphs"
-    say(f"qkv train --from {name}: {adapted}; {len(train_docs):,} {kind} "
+    adapted = _adapt(bundle, spec.lora)
+    barrier()  # every rank has looked before rank 0 writes
+    if world.is_zero:
+        _record(run_dir, spec, {"status": "training"})
+    return _train(bundle, spec, docs, config, run_dir, adapted, say, max_seconds, None), world
+
+
+def resume_finetune(run_dir: Path, steps: int | None, max_seconds: float | None,
+                    device: str | None, say: Any) -> tuple[dict[str, Any], World]:  # fmt: skip
+    """Continue a fine-tuning run from ``<run_dir>/last``: the same base model, data and
+    adapters (``finetune.json``), its saved training settings (``--steps`` may raise the
+    total), the weights, optimizer, data position and random state of ``last``.
+
+    Raises:
+        ValueError: no ``last`` checkpoint, or ``--steps`` not above the steps done.
+        BadFileError: a ``finetune.json`` that is not a fine-tuning record.
+    """
+    spec, last = FineTune.read(run_dir / FINETUNE_FILE), run_dir / "last"
+    if not (last / "config.json").is_file():
+        raise ValueError(f"--resume {run_dir}: no last/ checkpoint to continue from (the run "
+                         "stopped before its first save)")  # fmt: skip
+    bundle = _bundle(spec.base)
+    adapted = _adapt(bundle, spec.lora)
+    saved = load_checkpoint(last, bundle.model).train_state or {}
+    changes = {k: v for k, v in (("steps", steps), ("device", device)) if v is not None}
+    config = TrainConfig.from_dict({**saved["config"], "run_dir": str(run_dir), **changes})
+    if config.steps <= int(saved.get("step", 0)):
+        raise ValueError(f"--resume {run_dir}: the run already did {saved.get('step')} of its "
+                         f"{config.steps} steps; give --steps above that to go on")  # fmt: skip
+    world = init_distributed(config.device)
+    say(f"qkv train --resume {run_dir}: step {saved.get('step')} → {config.steps:,}")
+    docs = _documents(bundle, spec)
+    return _train(bundle, spec, docs, config, run_dir, adapted, say, max_seconds, last), world
+
+
+def _train(bundle: DecoderBundle, spec: FineTune, docs: list, config: TrainConfig,
+           run_dir: Path, adapted: str, say: Any, max_seconds: float | None,
+           resume: Path | None) -> dict[str, Any]:  # fmt: skip
+    """Validate, train (or go on from ``resume``), keep the best weights, validate, write."""
+    train_docs, valid_docs = _split(docs, config.seed)
+    what = "conversations" if spec.kind == "chat" else "paragraphs"
+    say(f"qkv train --from {spec.base}: {adapted}; {len(train_docs):,} {what} "
         f"({documents_learned(train_docs):,} tokens to learn), "
         f"{len(valid_docs or []):,} held out; {config.steps:,} steps → {run_dir}")  # fmt: skip
     model = bundle.model.to(config.device)
     before = _validate(model, valid_docs, config)
     callbacks = [StopWhen(config.metric, None, max_seconds)] if max_seconds else []
-    result = train_lm(model, train_docs, config, valid_ids=valid_docs, callbacks=callbacks)
+    result = train_lm(model, train_docs, config, valid_ids=valid_docs, callbacks=callbacks,
+                      resume=resume)  # fmt: skip
     if (run_dir / "best").is_dir():  # the best validation step's weights
         load_checkpoint(run_dir / "best", model)
     after = _validate(model, valid_docs, config)
-    done = {"result": result, "before": before, "after": after, "adapted": adapted}
-    if world.is_zero:
-        _write(bundle, run_dir, name, text or chat, kind, lora, done)
-    return done, world
+    done = {"result": result, "before": before, "after": after}
+    if current_world().is_zero:
+        _write(bundle, run_dir, spec, done)
+    return done
 
 
 def _validate(model: torch.nn.Module, docs: list | None, config: TrainConfig
@@ -182,21 +264,25 @@ def _validate(model: torch.nn.Module, docs: list | None, config: TrainConfig
                        pack=True, distributed=current_world().parallel)  # fmt: skip
 
 
-def _write(bundle: DecoderBundle, run_dir: Path, name: str, data: Path | None, kind: str,
-           lora: LoRAOptions | None, done: dict[str, Any]) -> None:  # fmt: skip
+def _write(bundle: DecoderBundle, run_dir: Path, spec: FineTune, done: dict[str, Any]) -> None:
     """Adapters, the merged model as a Hugging Face folder, and ``finetune.json``."""
-    from qkv.inspect.files import atomic_write
-
-    if lora is not None:
+    if spec.lora is not None:
         save_adapters(bundle.model, run_dir / "adapters.safetensors")
         merge_lora(bundle.model)
     bundle.model.eval()
     save_hf(bundle, run_dir / "model", overwrite=True)
-    record = {"from": name, "data": str(data), "data_kind": kind,
-              "lora": None if lora is None else asdict(lora),
-              "steps": done["result"].steps, "validation_before": done["before"],
-              "validation_after": done["after"]}  # fmt: skip
-    atomic_write(run_dir / FINETUNE_FILE, json.dumps(record, indent=1) + "\n")
+    _record(run_dir, spec, {"status": "done", "steps": done["result"].steps,
+                            "validation_before": done["before"],
+                            "validation_after": done["after"]})  # fmt: skip
+
+
+def _record(run_dir: Path, spec: FineTune, extra: dict[str, Any]) -> None:
+    """``finetune.json``, written atomically (at the start, then with the results)."""
+    from qkv.inspect.files import atomic_write
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(run_dir / FINETUNE_FILE, json.dumps({**spec.to_json(), **extra},
+                                                     indent=1) + "\n")  # fmt: skip
 
 
 def lora_options(rank: int | None, alpha: float | None, dropout: float | None,
