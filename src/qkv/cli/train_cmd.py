@@ -340,9 +340,8 @@ def _train(console, task, text, pairs, config, out, steps, batch_size, lr, eval_
                        seed=seed, device=device, fsdp=fsdp, pack=pack,
                        run_dir=str(run_dir), **levers)  # fmt: skip
         train_config = build_train_config(spec.kind, tables["train"], options)
-    except ValueError as err:  # the file is named, unless the error names an option
-        named = config is not None and not str(err).startswith("--")
-        raise ValueError(f"{config}: {err}" if named else err) from None
+    except ValueError as err:
+        raise ValueError(f"{config}: {err}" if config is not None else err) from None
     # under torchrun: join the process group (a no-op for a single process)
     world = init_distributed(train_config.device)
     say = console.print if world.is_zero else _quiet
