@@ -43,6 +43,7 @@ __all__ = [
     "is_peer_failure",
     "launched",
     "leave",
+    "map_batch",
     "planned_world_size",
     "rank_device",
     "share",
@@ -314,17 +315,27 @@ def slice_rows(batch: Any, rows: slice) -> Any:
     A batch is a tensor ``(B, ...)``, or a dataclass, tuple, list or dict of them (other
     values are kept as they are).
     """
-    cut = lambda v: v[rows] if isinstance(v, Tensor) and v.dim() > 0 else v  # noqa: E731
+    return map_batch(batch, lambda v: v[rows] if isinstance(v, Tensor) and v.dim() > 0 else v,
+                     "split")  # fmt: skip
+
+
+def map_batch(batch: Any, fn: Any, what: str = "map") -> Any:
+    """``fn`` applied to every value of ``batch``: a tensor, or the fields of a dataclass, the
+    items of a tuple, list or dict (one level).
+
+    Raises:
+        TypeError: another kind of batch (``what`` says what was being done to it).
+    """
     if isinstance(batch, Tensor):
-        return cut(batch)
+        return fn(batch)
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        fields = {f.name: cut(getattr(batch, f.name)) for f in dataclasses.fields(batch)}
+        fields = {f.name: fn(getattr(batch, f.name)) for f in dataclasses.fields(batch)}
         return dataclasses.replace(batch, **fields)
     if isinstance(batch, dict):
-        return {k: cut(v) for k, v in batch.items()}
+        return {k: fn(v) for k, v in batch.items()}
     if isinstance(batch, tuple | list):
-        return type(batch)(cut(v) for v in batch)
-    raise TypeError(f"cannot split a batch of type {type(batch).__name__}: expected a tensor "
+        return type(batch)(fn(v) for v in batch)
+    raise TypeError(f"cannot {what} a batch of type {type(batch).__name__}: expected a tensor "
                     "or a dataclass, tuple, list or dict of tensors")  # fmt: skip
 
 

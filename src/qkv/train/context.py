@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.distributed.context import context_parallel
-from qkv.distributed.data_parallel import World
+from qkv.distributed.data_parallel import World, map_batch
 from qkv.distributed.dp_model import unwrap
 from qkv.distributed.layout import shard_index
 
@@ -145,14 +145,4 @@ def shard_positions(batch: Any, rank: int, size: int) -> Any:
             return v
         return v.index_select(1, shard_index(v.shape[1], size, rank, v.device))
 
-    if isinstance(batch, Tensor):
-        return cut(batch)
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        fields = {f.name: cut(getattr(batch, f.name)) for f in dataclasses.fields(batch)}
-        return dataclasses.replace(batch, **fields)
-    if isinstance(batch, dict):
-        return {k: cut(v) for k, v in batch.items()}
-    if isinstance(batch, tuple | list):
-        return type(batch)(cut(v) for v in batch)
-    raise TypeError(f"cannot cut the sequences of a batch of type {type(batch).__name__}: "
-                    "expected a tensor or a dataclass, dict, tuple or list of tensors")  # fmt: skip
+    return map_batch(batch, cut, "cut the sequences of")
