@@ -57,6 +57,7 @@ def test_torchrun_fine_tuning_refuses_a_model_that_is_not_a_decoder_on_every_ran
     assert "a sentence encoder; qkv train --from fine-tunes decoder" in done.stderr, \
         done.stderr[-2000:]
     assert done.stderr.count("error: --from all-MiniLM-L6-v2") == 2, done.stderr[-2000:]
-    ours = [line for line in done.stderr.splitlines() if 'File "' in line and "/qkv/" in line]
+    ours = [line for line in done.stderr.splitlines()
+            if 'File "' in line and ("/src/qkv/" in line or "site-packages/qkv/" in line)]
     assert not ours, ours  # torchrun's agent prints its own traceback; qkv prints none
     assert not (tmp_path / "run").exists()
