@@ -242,6 +242,7 @@ def test_four_ranks_two_data_by_two_context_equal_one_process(files, one_process
     proc = _torchrun(4, [*_args(files, out), "--context-parallel", "2"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("trained 3 steps") == 1, proc.stdout  # rank 0 alone prints
+    assert "(4 processes, DDP, 2 per sequence)" in proc.stdout, proc.stdout
     assert (
         "context parallel: 2 data-parallel group(s) x 2 ranks sharing each sequence "
         "(method auto)" in proc.stdout

@@ -363,7 +363,9 @@ def _train(console, task, text, pairs, config, out, steps, batch_size, lr, eval_
         f"({spec.tokenizer} tokenizer): "
         f"{type(model).__name__}, {model.num_parameters():,} parameters, "
         f"{train_config.steps:,} steps → {escape(str(run_dir))}"
-        + (f" ({world.size} processes, {'FSDP' if train_config.fsdp else 'DDP'})"
+        + (f" ({world.size} processes, {'FSDP' if train_config.fsdp else 'DDP'}"
+           + (f", {train_config.context_parallel} per sequence"
+              if train_config.context_parallel > 1 else "") + ")"
            if world.parallel else ""))  # fmt: skip
     if world.is_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
