@@ -179,7 +179,8 @@ def command(
         "\\[default: --config's, else float32].",
     )] = None,
 ) -> None:
-    """Train a transformer from scratch: a synthetic task, a file of pairs, or any text.
+    """Train a transformer from scratch (a synthetic task, a file of pairs, any text), or
+    fine-tune a pretrained one (--from).
 
     Tasks and pairs (.tsv, .csv, .jsonl) train an encoder-decoder; text trains a GPT-2-style
     language model. --out receives the checkpoints (with their tokenizers), metrics.jsonl,
@@ -206,6 +207,9 @@ def command(
     [bold]Packed text:[/bold] qkv train --text notes/ --pack --steps 500 --out runs/notes
 
     [bold]On 2 processes:[/bold] torchrun --nproc-per-node 2 -m qkv train dates --out runs/dates
+
+    [bold]Fine-tune (LoRA):[/bold] qkv train --from SmolLM2-135M-Instruct --chat chats.jsonl
+    --lora-rank 8 --out runs/chat
     """
     console = Console(highlight=False, soft_wrap=True)
     if threads is not None:
