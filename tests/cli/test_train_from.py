@@ -171,3 +171,21 @@ def test_a_fine_tuning_run_resumes_exactly(base, tmp_path):
     assert record["status"] == "done" and record["steps"] == 4, record
     got = CliRunner().invoke(app, ["train", "--resume", str(tmp_path / "split"), "--steps", "3"])
     assert got.exit_code != 0 and "already did 4 of its 3 steps" in got.output, got.output
+
+
+def test_memory_levers_reach_a_fine_tuning_run(base, tmp_path, monkeypatch):
+    """--checkpoint-activations and --bf16 go into the run's TrainConfig; on a CPU without
+    native bfloat16 the note is printed (the rule forced both ways)."""
+    import qkv.train.memory as memory
+    from qkv.checkpoint import load_checkpoint
+
+    chats = _chats(tmp_path / "c.jsonl")
+    for native in (False, True):
+        monkeypatch.setattr(memory, "native_bf16", lambda device="cpu", _n=native: _n)
+        out = tmp_path / f"run-{native}"
+        text = _run("--from", str(base), "--chat", str(chats), "--lora-rank", "2", "--steps",
+                    "2", "--batch-size", "4", "--checkpoint-activations", "--bf16", "--out",
+                    str(out))  # fmt: skip
+        assert ("no native bfloat16" in text) is (not native), text
+        saved = load_checkpoint(out / "last").train_state["config"]
+        assert saved["bf16"] is True and saved["checkpoint_activations"] is True, saved

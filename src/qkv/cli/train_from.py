@@ -34,6 +34,7 @@ from qkv.nn.lora import add_lora, merge_lora
 from qkv.pretrained import DecoderBundle, chat_documents, load, save_hf, text_documents
 from qkv.pretrained.chat_data import documents_learned
 from qkv.train import TrainConfig, evaluate_lm, seed_everything, train_lm
+from qkv.train.memory import bf16_note
 from qkv.train.recipes import StopWhen
 
 __all__ = ["DEFAULT_TARGETS", "FINETUNE_FILE", "FineTune", "LoRAOptions", "finetune", "plan",
@@ -242,6 +243,9 @@ def _train(bundle: DecoderBundle, spec: FineTune, docs: list, config: TrainConfi
     say(f"qkv train --from {spec.base}: {adapted}; {len(train_docs):,} {what} "
         f"({documents_learned(train_docs):,} tokens to learn), "
         f"{len(valid_docs or []):,} held out; {config.steps:,} steps → {run_dir}")  # fmt: skip
+    note = bf16_note(config.device) if config.bf16 else None
+    if note is not None:
+        say(note)
     model = bundle.model.to(config.device)
     before = _validate(model, valid_docs, config)
     callbacks = [StopWhen(config.metric, None, max_seconds)] if max_seconds else []
