@@ -45,8 +45,8 @@ COMMAND_TABLE: tuple[tuple[str, str, str], ...] = (
      "and draw its attention."),
     ("tour", "qkv.cli.tour", "Walk through attention and the transformer on live tensors, "
      "checking every step."),
-    ("train", "qkv.cli.train_cmd", "Train a transformer from scratch: a synthetic task, a "
-     "file of pairs, or any text."),
+    ("train", "qkv.cli.train_cmd", "Train a transformer from scratch (a synthetic task, a "
+     "file of pairs, any text), or fine-tune a pretrained one (--from)."),
     ("translate", "qkv.cli.translate_cmd", "Translate texts with a trained encoder-decoder "
      "checkpoint, or a pretrained one with --model; one output per line."),
     ("eval", "qkv.cli.eval_cmd", "Evaluate a checkpoint: exact match, BLEU, chrF (or loss and "
