@@ -11,6 +11,10 @@ blocking the suite.
 
 The runs themselves (``lm_run``, ``s2s_run``) are plain functions: the test process calls
 them without a process group for the single-process reference.
+
+For the tests that run ``qkv`` itself under torchrun: :func:`torchrun` starts
+``python -m torch.distributed.run ... -m qkv ARGS``, :func:`ended` waits for it (bounded), and
+:func:`assert_same_weights` compares two runs' tensors.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import json
 import multiprocessing
 import os
 import socket
+import subprocess
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -27,6 +33,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from helpers import assert_close
 from qkv.data import CharTokenizer, make_task
 from qkv.models import DecoderLM, DecoderLMConfig, Seq2SeqConfig, Seq2SeqTransformer
 from qkv.train import TrainConfig, seed_everything, train_lm, train_seq2seq
@@ -213,3 +220,38 @@ def finish(procs: list, out: Path, timeout: float) -> list[dict]:
         file = out / f"rank{r}.json"
         records.append(json.loads(file.read_text()) if file.exists() else {})
     return records
+
+
+REL = 1e-5
+
+
+def assert_same_weights(actual: dict, expected: dict, what: str, noise: float = 0.0) -> None:
+    """Every tensor within 1e-5 of its own largest entry (relative), names equal; key
+    biases within ``noise`` (absolute): their exact gradient is zero (softmax does not change
+    when a query's scores all move by the same amount), so they carry rounding noise only."""
+    assert actual.keys() == expected.keys(), f"{what}: tensor names differ"
+    for name, e in expected.items():
+        if name.endswith("k_proj.bias"):
+            assert_close(actual[name], e, atol=noise, name=f"{what}: {name} (noise)")
+            continue
+        scale = float(e.abs().max()) or 1.0
+        assert_close(actual[name], e, atol=REL * scale, rtol=REL, name=f"{what}: {name}")
+
+
+def torchrun(nproc: int, args: list[str]) -> subprocess.Popen:
+    """``python -m torch.distributed.run --nproc-per-node nproc -m qkv *args``, started on a
+    free local port, one thread per process, its output captured; see :func:`ended`."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--master-port", str(free_port()), "-m", "qkv", *args]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+
+
+def ended(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+    """The finished job of :func:`torchrun`, waited for up to ``timeout`` seconds (killed
+    past it, and :class:`subprocess.TimeoutExpired` raised)."""
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)

@@ -22,13 +22,12 @@ biases are held to that bound (2 x steps x lr) and every other tensor to 1e-5.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import dp_workers as w
 import pytest
 import torch
+from dp_workers import assert_same_weights
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -47,21 +46,6 @@ from qkv.distributed.data_parallel import (
 from qkv.train import load_checkpoint
 
 GROUP_TIMEOUT_S = 150  # a whole spawned group, imports included
-REL = 1e-5
-
-
-def assert_same_weights(actual: dict, expected: dict, what: str, noise: float = 0.0) -> None:
-    """Every tensor within 1e-5 of its own largest entry (relative), names equal; key
-    biases (see the module docstring) within ``noise`` (absolute)."""
-    assert actual.keys() == expected.keys(), f"{what}: tensor names differ"
-    for name, e in expected.items():
-        if name.endswith("k_proj.bias"):
-            assert_close(actual[name], e, atol=noise, name=f"{what}: {name} (noise)")
-            continue
-        scale = float(e.abs().max()) or 1.0
-        assert_close(actual[name], e, atol=REL * scale, rtol=REL, name=f"{what}: {name}")
-
-
 def weights(model: torch.nn.Module) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -205,19 +189,13 @@ def test_qkv_train_under_torchrun_equals_one_process(tmp_path):
     config = tmp_path / "tiny.toml"
     config.write_text(TINY, encoding="utf-8")
     args = ["train", "copy", "--config", str(config), "--seed", "4", "--layers", "1"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(w.free_port()), "-m", "qkv", *args, "--out",
-           str(tmp_path / "two")]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    proc = w.torchrun(2, [*args, "--out", str(tmp_path / "two")])
     # the single-process run while the two ranks start
     one = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "one")])
     assert one.exit_code == 0, one.output
-    try:
-        stdout, stderr = proc.communicate(timeout=GROUP_TIMEOUT_S)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, stderr[-3000:]
+    done = w.ended(proc, GROUP_TIMEOUT_S)
+    stdout, stderr = done.stdout, done.stderr
+    assert done.returncode == 0, stderr[-3000:]
     assert stdout.count("trained 3 steps") == 1, stdout  # rank 0 alone prints
     assert "2 processes, DDP" in stdout, stdout
     # the test split, shared out across the ranks and reduced, scores as on one process

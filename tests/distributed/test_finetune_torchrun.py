@@ -3,10 +3,6 @@ adapters alone, the rest frozen) equals one process, adapters and merged folder 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import dp_workers as w
 from safetensors.torch import load_file
 from typer.testing import CliRunner
@@ -21,18 +17,12 @@ def test_lora_fine_tuning_under_torchrun_equals_one_process(tmp_path):
     base, chats = tiny_base(tmp_path / "base"), write_chats(tmp_path / "chats.jsonl", n=24)
     args = ["train", "--from", str(base), "--chat", str(chats), "--lora-rank", "2",
             "--steps", "3", "--batch-size", "4", "--lr", "0.01", "--seed", "3"]  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(w.free_port()), "-m", "qkv", *args, "--out",
-           str(tmp_path / "two")]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    proc = w.torchrun(2, [*args, "--out", str(tmp_path / "two")])
     one = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "one")])
     assert one.exit_code == 0, one.output
-    try:
-        stdout, stderr = proc.communicate(timeout=GROUP_TIMEOUT_S)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, stderr[-3000:]
+    done = w.ended(proc, GROUP_TIMEOUT_S)
+    stdout, stderr = done.stdout, done.stderr
+    assert done.returncode == 0, stderr[-3000:]
     assert stdout.count("trained 3 steps") == 1 and "on 2 processes" in stdout, stdout
     for name in ("adapters.safetensors", "model/model.safetensors"):
         a, b = load_file(str(tmp_path / "two" / name)), load_file(str(tmp_path / "one" / name))
@@ -48,11 +38,8 @@ def test_lora_fine_tuning_under_torchrun_equals_one_process(tmp_path):
 def test_torchrun_fine_tuning_refuses_a_model_that_is_not_a_decoder_on_every_rank(tmp_path):
     """Every rank refuses before any process group starts, with one line, and ends."""
     chats = write_chats(tmp_path / "chats.jsonl")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(w.free_port()), "-m", "qkv", "train", "--from",
-           "all-MiniLM-L6-v2", "--chat", str(chats), "--out", str(tmp_path / "run")]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=GROUP_TIMEOUT_S,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    done = w.ended(w.torchrun(2, ["train", "--from", "all-MiniLM-L6-v2", "--chat", str(chats),
+                                  "--out", str(tmp_path / "run")]), GROUP_TIMEOUT_S)  # fmt: skip
     assert done.returncode != 0
     assert "a sentence encoder; qkv train --from fine-tunes decoder" in done.stderr, \
         done.stderr[-2000:]

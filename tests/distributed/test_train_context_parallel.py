@@ -20,13 +20,11 @@ process group, under torchrun where the number of processes is the problem.
 from __future__ import annotations
 
 import json
-import os
 import random
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
+import dp_workers as w
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -66,12 +64,6 @@ num_layers = 2
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> Path:
     """The config and a small text corpus (words of a 12-word vocabulary)."""
@@ -99,10 +91,7 @@ def one_process(files) -> Path:
 
 
 def _torchrun(nproc: int, args: list[str]) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-port", str(_free_port()), "-m", "qkv", *args]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    return w.ended(w.torchrun(nproc, args), RUN_TIMEOUT_S)
 
 
 def _records(run: Path) -> list[dict]:
@@ -121,15 +110,9 @@ def _assert_equal_runs(got: Path, want: Path, what: str) -> None:
         assert_close(a, e, atol=0.0, rtol=REL, name=f"{what}: {key} per record")
     noise = 1e-9  # key biases: zero but for rounding noise, see the module docstring
     for name in ("last", "best"):
-        a = load_file(str(got / name / "model.safetensors"))
-        e = load_file(str(want / name / "model.safetensors"))
-        assert a.keys() == e.keys(), f"{what} {name}: tensor names differ"
-        for key, tensor in e.items():
-            if key.endswith("k_proj.bias"):
-                assert_close(a[key], tensor, atol=noise, name=f"{what} {name}: {key} (noise)")
-                continue
-            scale = float(tensor.abs().max()) or 1.0
-            assert_close(a[key], tensor, atol=REL * scale, rtol=REL, name=f"{what} {name}: {key}")
+        w.assert_same_weights(load_file(str(got / name / "model.safetensors")),
+                              load_file(str(want / name / "model.safetensors")),
+                              f"{what} {name}", noise=noise)  # fmt: skip
     start = load_file(str(want / "best" / "model.safetensors"))["embed.weight"]
     assert start.abs().max() > 0  # a trained model, not an empty file
 
