@@ -120,6 +120,8 @@ def test_the_loss_counts_the_assistant_turns_only(base):
     (["--lora-rank", "2", "--lora-dropout", "1.5"], r"--lora-dropout must lie in \[0, 1\)"),
     (["--d-model", "64"], "--from fine-tunes a pretrained model .* drop --d-model"),
     (["--pack"], "drop --pack"),
+    (["--context-parallel", "2"], "--context-parallel 2: fine-tuning \\(--from\\) trains on "
+     "packed documents"),
 ])  # fmt: skip
 def test_bad_options_are_named(base, tmp_path, args, message):
     chats = _chats(tmp_path / "c.jsonl")
@@ -189,3 +191,12 @@ def test_memory_levers_reach_a_fine_tuning_run(base, tmp_path, monkeypatch):
         assert ("no native bfloat16" in text) is (not native), text
         saved = load_checkpoint(out / "last").train_state["config"]
         assert saved["bf16"] is True and saved["checkpoint_activations"] is True, saved
+
+
+def test_a_folder_without_a_fine_tuning_record_is_named_on_resume(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "finetune.json").write_text('{"from": "x"}')
+    got = CliRunner().invoke(app, ["train", "--resume", str(run), "--steps", "4"])
+    assert got.exit_code != 0 and "not a qkv fine-tuning record (no 'lora' entry)" in got.output
+    assert "Traceback" not in got.output

@@ -91,8 +91,9 @@ class FineTune:
                        None if lora is None else LoRAOptions(lora["rank"], lora["alpha"],
                        lora["dropout"], tuple(lora["targets"])))  # fmt: skip
         except (KeyError, TypeError) as err:
-            raise BadFileError(f"{file}: not a qkv fine-tuning record ({err!r} missing or "
-                               "malformed)", path=file) from None
+            why = f"no {err.args[0]!r} entry" if isinstance(err, KeyError) else str(err)
+            raise BadFileError(f"{file}: not a qkv fine-tuning record ({why}); it is written "
+                               "by qkv train --from", path=file) from None
 
 
 def _bundle(name: str) -> DecoderBundle:
@@ -157,6 +158,10 @@ def _config(table: dict[str, Any], options: dict[str, Any], lora: LoRAOptions | 
         fields["warmup"] = max(1, fields["steps"] // 10)
     if "eval_every" not in table and "eval_every" not in given:
         fields["eval_every"] = max(1, fields["steps"] // 4)
+    if fields.get("context_parallel", 1) != 1:
+        raise ValueError(f"--context-parallel {fields['context_parallel']}: fine-tuning "
+                         "(--from) trains on packed documents, which context parallelism does "
+                         "not take yet; drop --context-parallel")  # fmt: skip
     config = TrainConfig.from_dict(fields)
     if config.block_size > max_len:
         raise ValueError(f"block_size {config.block_size} is longer than the model's "
