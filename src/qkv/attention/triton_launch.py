@@ -123,11 +123,17 @@ def _multiprocessors(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _gpu_multiprocessors(device: torch.device) -> int | None:
+    """The GPU's multiprocessor count; None for CPU tensors (the interpreter)."""
+    return None if device.type == "cpu" else _multiprocessors(device.index or 0)
+
+
 def _splits(q: Tensor, programs: int, S: int, block_n: int) -> int:
     """Key splits for a launch of ``programs`` programs: enough to fill the GPU twice over,
     with at least 256 keys (4 tiles under the interpreter) in each."""
-    units = 4 if q.device.type == "cpu" else 2 * _multiprocessors(q.device.index or 0)
-    least = 4 * block_n if q.device.type == "cpu" else 256
+    sms = _gpu_multiprocessors(q.device)
+    units = 4 if sms is None else 2 * sms
+    least = 4 * block_n if sms is None else 256
     return max(1, min(-(-units // programs), S // least))
 
 

@@ -1,0 +1,159 @@
+"""What the triton backend's kernels compile to on a GPU this machine does not have.
+
+Speed needs a GPU; the compiled code does not. This module runs qkv's own launch code
+(:mod:`qkv.attention.triton_launch`) on CPU tensors with a stand-in Triton driver that reports
+an NVIDIA target (Hopper, sm_90, 132 multiprocessors, unless told otherwise). Each launch is
+compiled by Triton's own JIT, with the same argument specialisation a real launch gets
+(16-byte alignment, integers divisible by 16, integers equal to 1), and nothing runs. For each
+kernel it reports what decides speed before any timing can:
+
+- ``registers`` and ``spill_bytes`` (the stack frame: registers that did not fit, stored to
+  local memory and read back each iteration);
+- ``shared_bytes`` and ``pipelined`` (whether the loads became asynchronous copies, which is
+  what ``num_stages`` buys);
+- ``programs_per_sm`` (occupancy from registers, shared memory and warps) and the grid.
+
+It is how tile sizes are chosen between GPU sessions: a tile that spills or does not pipeline
+is not worth a GPU minute. ``python -m benchmarks.triton_static`` prints the table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Compiled", "compiled_launches"]
+
+_REGISTERS_PER_SM = 65536
+_MAX_WARPS_PER_SM = 64
+_MAX_PROGRAMS_PER_SM = 32
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One launch as compiled for the stand-in GPU."""
+
+    kernel: str
+    grid: tuple[int, ...]
+    options: dict
+    registers: int
+    spill_bytes: int
+    shared_bytes: int
+    pipelined: bool
+
+    @property
+    def warps(self) -> int:
+        return self.options["num_warps"]
+
+    def programs_per_sm(self, shared_per_sm: int = 232448) -> int:
+        """Programs one multiprocessor holds at once, limited by registers, shared memory
+        (``shared_per_sm``: 227 KiB on Hopper) and warps."""
+        threads = 32 * self.warps
+        by_regs = _REGISTERS_PER_SM // max(1, self.registers * threads)
+        by_shared = shared_per_sm // max(1, self.shared_bytes + 1024)
+        return max(0, min(by_regs, by_shared, _MAX_WARPS_PER_SM // self.warps,
+                          _MAX_PROGRAMS_PER_SM))
+
+
+class _StandInDriver:
+    """Enough of Triton's driver interface for its JIT to compile (never launch)."""
+
+    def __init__(self, arch: int):
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", arch, 32)
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def is_active(self):
+        return True
+
+
+def _usage(kernel) -> tuple[int, int]:
+    """``(registers, stack bytes)`` of a compiled kernel's cubin, from ``cuobjdump``."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True,
+                              text=True, check=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", text)
+    return int(found.group(1)), int(found.group(2))
+
+
+def _compile(kernel, grid, args, options) -> Compiled:
+    compiled = kernel.warmup(*args, grid=grid, **options)
+    registers, stack = _usage(compiled)
+    return Compiled(kernel.__name__, tuple(grid), dict(options), registers, stack,
+                    compiled.metadata.shared, "cp.async" in compiled.asm["ptx"])
+
+
+@contextlib.contextmanager
+def _stand_in(arch: int, multiprocessors: int) -> Iterator[list[Compiled]]:
+    """Within: triton launches compile for ``sm_<arch>`` and are recorded, not run."""
+    import triton
+    from triton.runtime import driver
+
+    from qkv.attention import triton_launch
+
+    saved = os.environ.pop("TRITON_INTERPRET", None)
+    records: list[Compiled] = []
+    active = driver._active  # (None on a machine without a GPU: Triton finds none to reset to)
+    driver.set_active(_StandInDriver(arch))
+    patched = {"_launch": lambda kernel, grid, args, options: records.append(
+                   _compile(kernel, grid, args, options)),
+               "_gpu_multiprocessors": lambda device: multiprocessors}
+    originals = {name: getattr(triton_launch, name) for name in patched}
+    merge = triton_launch.triton_kernels.merge_splits
+    try:
+        for name, value in patched.items():
+            setattr(triton_launch, name, value)
+        triton_launch.triton_kernels.merge_splits = _Recorder(merge, records)
+        yield records
+    finally:
+        for name, value in originals.items():
+            setattr(triton_launch, name, value)
+        triton_launch.triton_kernels.merge_splits = merge
+        driver._active = active
+        if saved is not None:
+            os.environ["TRITON_INTERPRET"] = saved
+        del triton
+
+
+class _Recorder:
+    """A kernel called as ``kernel[grid](*args, **options)`` that is compiled and recorded."""
+
+    def __init__(self, kernel, records: list[Compiled]):
+        self.kernel, self.records = kernel, records
+
+    def __getitem__(self, grid):
+        def launch(*args, **options):
+            options.setdefault("num_stages", 1)
+            self.records.append(_compile(self.kernel, grid, args, options))
+        return launch
+
+
+def compiled_launches(call, arch: int = 90, multiprocessors: int = 132) -> list[Compiled]:
+    """The triton launches ``call()`` makes (a function calling
+    :mod:`qkv.attention.triton_launch` with CPU tensors shaped as on the GPU), each compiled
+    for ``sm_<arch>`` with ``multiprocessors`` multiprocessors, none run."""
+    with _stand_in(arch, multiprocessors) as records, torch.no_grad():
+        call()
+    return records
