@@ -196,10 +196,12 @@ def test_path_says_which_kernel_runs_and_why(monkeypatch):
 @pytest.mark.skipif(bool(os.environ.get("ATEN_CPU_CAPABILITY")),
                     reason="compiling does not depend on the CPU's kernels: the first pass did it")
 def test_flex_kernels_compile_for_hopper_without_a_gpu():
+    """Forward, dQ and dK/dV for three masks, compiled as launched on Hopper: loads
+    pipelined, at most 256 bytes a thread spilled."""
     script = Path(__file__).with_name("triton_compile_check.py")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     done = subprocess.run([sys.executable, str(script), "--flex"], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.stdout.count("ok sm_90 flex") == 3, done.stdout
+    assert done.stdout.count("ok sm_90 flex") == 9, done.stdout

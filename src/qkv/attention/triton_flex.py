@@ -6,9 +6,12 @@ marks visible, read from tables built once per block mask (:mod:`qkv.attention.f
 ``KV_COUNT``/``KV_PART``/``KV_IDX`` (visited key tiles per query tile: the partial ones
 first, then the full ones, each ascending), ``Q_COUNT``/``Q_PART``/``Q_IDX`` (the same for
 query tiles per key tile, for ``dK``/``dV``), and ``SLOT`` (per tile: -1 when full, else the
-index of its ``BLOCK_M × BLOCK_N`` keep tile in ``KEEP``, ``mask_mod`` evaluated once, on
+index of its ``SPARSE_M × SPARSE_N`` keep tile in ``KEEP``, ``mask_mod`` evaluated once, on
 partial tiles only). Each kernel runs two loops: partial tiles reading their keep tile, then
-full tiles reading no mask. The tables may be shared by every
+full tiles reading no mask. The tables are per block of the block mask (``SPARSE_M ×
+SPARSE_N``, its ``BLOCK_SIZE``); the kernels compute in tiles of ``BLOCK_M × BLOCK_N`` that
+divide it (a 128 × 128 block as two 128 × 64 tiles, as torch's flex kernels do on Hopper:
+fewer registers a tile), one flat loop over (block, tile within it). The tables may be shared by every
 batch row or head (a block mask built with ``B`` or ``H`` None): ``BB``/``HB`` are 1 when they
 vary over it, 0 when not, and ``HT`` is the tables' head count.
 
@@ -38,13 +41,15 @@ def _tanh(x):
 
 
 @triton.jit
-def _tile(q, k, h, i, j, rows_ok, cols_ok, slot, KEEP, SLOPES, offset, cap, scale,
+def _tile(q, k, h, i, j, rows_ok, cols_ok, keep_at, SLOPES, offset, cap, scale,
           SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr,
+          MASKED: tl.constexpr):
     """Base-2 scores of one tile after the score mod (``SCORE_MOD`` 1: ALiBi
     ``-slope_h·|i + offset - j|``, 2: soft-cap ``cap·tanh(s / cap)``), ``-inf`` where the
-    block mask (a partial tile, ``MASKED``: its keep tile ``slot``) or the edges hide a key;
-    and ``d mod / d s`` (soft-cap: ``1 - tanh²``; meaningless otherwise)."""
+    block mask (a partial block, ``MASKED``: ``keep_at`` points at this tile's corner of its
+    keep tile, rows ``SPARSE_N`` apart) or the edges hide a key; and ``d mod / d s``
+    (soft-cap: ``1 - tanh²``; meaningless otherwise)."""
     s = matmul(q, tl.trans(k), PRECISION, UPCAST) * scale  # natural units
     dmod = s
     if SCORE_MOD == 1:
@@ -58,35 +63,64 @@ def _tile(q, k, h, i, j, rows_ok, cols_ok, slot, KEEP, SLOPES, offset, cap, scal
     if MASKED:
         r = tl.arange(0, BLOCK_M)
         c = tl.arange(0, BLOCK_N)
-        at = KEEP + slot.to(tl.int64) * (BLOCK_M * BLOCK_N) + r[:, None] * BLOCK_N + c[None, :]
+        at = keep_at + r[:, None] * SPARSE_N + c[None, :]
         visible = visible & (tl.load(at, mask=rows_ok[:, None], other=1) != 0)
     return tl.where(visible, s * 1.4426950408889634, float("-inf")), dmod
 
 
 @triton.jit
-def _key_tile(q, K, V, h, i, rows_ok, kb, slot, KEEP, SLOPES, sks, svs, S, D, DV, d, dv,
+def _keep_at(KEEP, slot, r0, c0, SPARSE_M: tl.constexpr, SPARSE_N: tl.constexpr):
+    """Where the tile at row ``r0``, column ``c0`` of keep tile ``slot`` starts."""
+    return KEEP + slot.to(tl.int64) * (SPARSE_M * SPARSE_N) + r0 * SPARSE_N + c0
+
+
+@triton.jit
+def _key_tile(q, K, V, h, i, rows_ok, kt, keep_at, SLOPES, sks, svs, S, D, DV, d, dv,
               offset, cap, scale, SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr,
               UPCAST: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
-    """Key tile ``kb`` read for the query tile ``q``: ``(k, v, base-2 scores, d mod / d s)``."""
-    j = kb * BLOCK_N + tl.arange(0, BLOCK_N)
+              BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr, MASKED: tl.constexpr):
+    """Key tile ``kt`` (``BLOCK_N`` keys) read for the query tile ``q``:
+    ``(k, v, base-2 scores, d mod / d s)``."""
+    j = kt * BLOCK_N + tl.arange(0, BLOCK_N)
     cols_ok = j < S
     k = load_tile(K, j, cols_ok, sks, D, d, True, EVEN_D)
     v = load_tile(V, j, cols_ok, svs, DV, dv, True, EVEN_D)
-    s, dmod = _tile(q, k, h, i, j, rows_ok, cols_ok, slot, KEEP, SLOPES, offset, cap, scale,
-                    SCORE_MOD, PRECISION, UPCAST, BLOCK_M, BLOCK_N, MASKED)
+    s, dmod = _tile(q, k, h, i, j, rows_ok, cols_ok, keep_at, SLOPES, offset, cap, scale,
+                    SCORE_MOD, PRECISION, UPCAST, BLOCK_M, BLOCK_N, SPARSE_N, MASKED)
     return k, v, s, dmod
 
 
 @triton.jit
-def _forward_step(q, K, V, m, l, acc, h, i, rows_ok, kb, slot, KEEP, SLOPES, sks, svs, S, D,
+def _visited(IDX, SLOT, KEEP, at, n, slot_at, slot_step, r0, SPARSE_M: tl.constexpr,
+             SPARSE_N: tl.constexpr, SUBS: tl.constexpr, ACROSS: tl.constexpr,
+             MASKED: tl.constexpr):
+    """Step ``n`` of a flat loop over visited blocks (``IDX + at``: their indices) and the
+    ``SUBS`` tiles within each: ``(tile index, keep tile corner)``. ``ACROSS``: the tiles
+    split the blocks' columns (keys; else rows, queries); ``r0``: this program's own offset
+    within its block on the other side. The keep tile's slot is read for partial blocks only
+    (``SLOT + slot_at + block · slot_step``)."""
+    block = tl.load(IDX + at + n // SUBS)
+    sub = n % SUBS
+    keep_at = KEEP
+    if MASKED:
+        slot = tl.load(SLOT + slot_at + block * slot_step)
+        if ACROSS:
+            keep_at = _keep_at(KEEP, slot, r0, sub * (SPARSE_N // SUBS), SPARSE_M, SPARSE_N)
+        else:
+            keep_at = _keep_at(KEEP, slot, sub * (SPARSE_M // SUBS), r0, SPARSE_M, SPARSE_N)
+    return block * SUBS + sub, keep_at
+
+
+@triton.jit
+def _forward_step(q, K, V, m, l, acc, h, i, rows_ok, kt, keep_at, SLOPES, sks, svs, S, D,
                   DV, d, dv, offset, cap, scale, SCORE_MOD: tl.constexpr,
                   PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
-    """One key tile ``kb`` of the online softmax: the updated ``(m, l, acc)``."""
-    _, v, s, _ = _key_tile(q, K, V, h, i, rows_ok, kb, slot, KEEP, SLOPES, sks, svs, S, D, DV,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr,
+                  MASKED: tl.constexpr):
+    """One key tile ``kt`` of the online softmax: the updated ``(m, l, acc)``."""
+    _, v, s, _ = _key_tile(q, K, V, h, i, rows_ok, kt, keep_at, SLOPES, sks, svs, S, D, DV,
                            d, dv, offset, cap, scale, SCORE_MOD, PRECISION, UPCAST, EVEN_D,
-                           BLOCK_M, BLOCK_N, MASKED)
+                           BLOCK_M, BLOCK_N, SPARSE_N, MASKED)
     m_new = tl.maximum(m, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.math.exp2(s - m_safe[:, None])
@@ -102,39 +136,42 @@ def flex_forward(
     sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, sob, soh, sot,
     H, G, T, S, D, DV, nQ, nK, BB, HB, HT, scale, offset, cap,
     SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
+    SPARSE_M: tl.constexpr, SPARSE_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     """Output rows and lse of one query tile of one ``(b, h)``."""
-    qb = tl.program_id(0)
+    SUBS: tl.constexpr = SPARSE_N // BLOCK_N
+    qt = tl.program_id(0)
+    qb = qt // (SPARSE_M // BLOCK_M)
+    r0 = (qt % (SPARSE_M // BLOCK_M)) * BLOCK_M
     b = (tl.program_id(1) // H).to(tl.int64)
     h = (tl.program_id(1) % H).to(tl.int64)
     hkv = h // G
-    i = qb * BLOCK_M + tl.arange(0, BLOCK_M)
+    i = qt * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_ok = i < T
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     q = load_tile(Q + b * sqb + h * sqh, i, rows_ok, sqt, D, d, True, EVEN_D)
     poisoned = poisoned_rows(q)
-    plane = (b * BB) * HT + h * HB
-    row = plane * nQ + qb
+    row = ((b * BB) * HT + h * HB) * nQ + qb
     K += b * skb + hkv * skh
     V += b * svb + hkv * svh
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    part = tl.load(KV_PART + row)
-    for n in range(0, part):  # partial tiles: their keep tiles
-        kb = tl.load(KV_IDX + row * nK + n)
-        slot = tl.load(SLOT + row * nK + kb)
-        m, l, acc = _forward_step(q, K, V, m, l, acc, h, i, rows_ok, kb, slot, KEEP, SLOPES,
+    part = tl.load(KV_PART + row) * SUBS
+    for n in range(0, part):  # partial blocks' tiles: their keep tiles
+        kt, keep_at = _visited(KV_IDX, SLOT, KEEP, row * nK, n, row * nK, 1, r0, SPARSE_M,
+                               SPARSE_N, SUBS, True, True)
+        m, l, acc = _forward_step(q, K, V, m, l, acc, h, i, rows_ok, kt, keep_at, SLOPES,
                                   sks, svs, S, D, DV, d, dv, offset, cap, scale, SCORE_MOD,
-                                  PRECISION, UPCAST, EVEN_D, BLOCK_M, BLOCK_N, True)
-    for n in range(part, tl.load(KV_COUNT + row)):  # full tiles: no mask read
-        kb = tl.load(KV_IDX + row * nK + n)
-        m, l, acc = _forward_step(q, K, V, m, l, acc, h, i, rows_ok, kb, 0, KEEP, SLOPES,
+                                  PRECISION, UPCAST, EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, True)
+    for n in range(part, tl.load(KV_COUNT + row) * SUBS):  # full blocks' tiles: no mask read
+        kt, keep_at = _visited(KV_IDX, SLOT, KEEP, row * nK, n, row * nK, 1, r0, SPARSE_M,
+                               SPARSE_N, SUBS, True, False)
+        m, l, acc = _forward_step(q, K, V, m, l, acc, h, i, rows_ok, kt, keep_at, SLOPES,
                                   sks, svs, S, D, DV, d, dv, offset, cap, scale, SCORE_MOD,
-                                  PRECISION, UPCAST, EVEN_D, BLOCK_M, BLOCK_N, False)
+                                  PRECISION, UPCAST, EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, False)
     out, lse = finish_rows(acc, l, m, poisoned)
     o_at = O + b * sob + h * soh + i[:, None].to(tl.int64) * sot + dv[None, :]
     tl.store(o_at, out.to(O.dtype.element_ty), mask=rows_ok[:, None] & (dv[None, :] < DV))
@@ -142,14 +179,15 @@ def flex_forward(
 
 
 @triton.jit
-def _dq_step(dq, q, do, lse, delta, K, V, h, i, rows_ok, kb, slot, KEEP, SLOPES, sks, svs, S,
+def _dq_step(dq, q, do, lse, delta, K, V, h, i, rows_ok, kt, keep_at, SLOPES, sks, svs, S,
              D, DV, d, dv, offset, cap, scale, SCORE_MOD: tl.constexpr,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
-    """``dq`` plus key tile ``kb``'s share."""
-    k, v, s, dmod = _key_tile(q, K, V, h, i, rows_ok, kb, slot, KEEP, SLOPES, sks, svs, S, D,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr,
+             MASKED: tl.constexpr):
+    """``dq`` plus key tile ``kt``'s share."""
+    k, v, s, dmod = _key_tile(q, K, V, h, i, rows_ok, kt, keep_at, SLOPES, sks, svs, S, D,
                               DV, d, dv, offset, cap, scale, SCORE_MOD, PRECISION, UPCAST,
-                              EVEN_D, BLOCK_M, BLOCK_N, MASKED)
+                              EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, MASKED)
     p = tl.math.exp2(s - lse[:, None])
     ds = p * (matmul(do, tl.trans(v), PRECISION, UPCAST) - delta[:, None])
     if SCORE_MOD == 2:
@@ -158,26 +196,54 @@ def _dq_step(dq, q, do, lse, delta, K, V, h, i, rows_ok, kb, slot, KEEP, SLOPES,
 
 
 @triton.jit
-def _dkdv_step(dk, dvacc, k, v, Q, DO, LSE, DELTA, h, j, cols_ok, qb, slot, KEEP, SLOPES,
+def _tile_t(k, q, h, i, j, rows_ok, cols_ok, keep_at, SLOPES, offset, cap, scale,
+            SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr,
+            MASKED: tl.constexpr):
+    """:func:`_tile` transposed: keys ``j`` along rows, queries ``i`` along columns, as the
+    dK/dV kernel computes (``Sᵀ = K Qᵀ``, so neither ``Pᵀ dO`` nor ``dSᵀ Q`` transposes a
+    tile held in registers). ``rows_ok``/``cols_ok`` are still the queries'/keys'."""
+    s = matmul(k, tl.trans(q), PRECISION, UPCAST) * scale  # (BLOCK_N, BLOCK_M)
+    dmod = s
+    if SCORE_MOD == 1:
+        distance = tl.abs(i[None, :] + offset - j[:, None]).to(tl.float32)
+        s = s - tl.load(SLOPES + h) * distance
+    if SCORE_MOD == 2:
+        t = _tanh(s / cap)
+        s = cap * t
+        dmod = 1.0 - t * t
+    visible = cols_ok[:, None] & rows_ok[None, :]
+    if MASKED:
+        r = tl.arange(0, BLOCK_M)
+        c = tl.arange(0, BLOCK_N)
+        at = keep_at + r[None, :] * SPARSE_N + c[:, None]
+        visible = visible & (tl.load(at, mask=rows_ok[None, :], other=1) != 0)
+    return tl.where(visible, s * 1.4426950408889634, float("-inf")), dmod
+
+
+@triton.jit
+def _dkdv_step(dk, dvacc, k, v, Q, DO, LSE, DELTA, h, j, cols_ok, qt, keep_at, SLOPES,
                sqt, sdt, T, D, DV, d, dv, offset, cap, scale, SCORE_MOD: tl.constexpr,
                PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
-    """``(dk, dv)`` plus query tile ``qb``'s share (``Q``, ``DO`` at this ``(b, h)``)."""
-    i = qb * BLOCK_M + tl.arange(0, BLOCK_M)
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr,
+               MASKED: tl.constexpr):
+    """``(dk, dv)`` plus query tile ``qt``'s share (``Q``, ``DO`` at this ``(b, h)``),
+    computed transposed (keys along rows)."""
+    i = qt * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_ok = i < T
     q = load_tile(Q, i, rows_ok, sqt, D, d, True, EVEN_D)
     do = load_tile(DO, i, rows_ok, sdt, DV, dv, True, EVEN_D)
     at = h * T + i
     lse = tl.load(LSE + at, mask=rows_ok, other=float("inf")) * 1.4426950408889634
     delta = tl.load(DELTA + at, mask=rows_ok, other=0.0)
-    s, dmod = _tile(q, k, h, i, j, rows_ok, cols_ok, slot, KEEP, SLOPES, offset, cap, scale,
-                    SCORE_MOD, PRECISION, UPCAST, BLOCK_M, BLOCK_N, MASKED)
-    p = tl.math.exp2(s - lse[:, None])
-    dvacc += matmul(tl.trans(p.to(do.dtype)), do, PRECISION, UPCAST)
-    ds = p * (matmul(do, tl.trans(v), PRECISION, UPCAST) - delta[:, None])
+    s, dmod = _tile_t(k, q, h, i, j, rows_ok, cols_ok, keep_at, SLOPES, offset, cap, scale,
+                      SCORE_MOD, PRECISION, UPCAST, BLOCK_M, BLOCK_N, SPARSE_N, MASKED)
+    p = tl.math.exp2(s - lse[None, :])  # Pᵀ (BLOCK_N, BLOCK_M)
+    dvacc += matmul(p.to(do.dtype), do, PRECISION, UPCAST)
+    ds = p * (matmul(v, tl.trans(do), PRECISION, UPCAST) - delta[None, :])
     if SCORE_MOD == 2:
         ds = ds * dmod
-    return dk + matmul(tl.trans(ds.to(q.dtype)), q, PRECISION, UPCAST), dvacc
+    return dk + matmul(ds.to(q.dtype), q, PRECISION, UPCAST), dvacc
 
 
 @triton.jit
@@ -186,15 +252,18 @@ def flex_backward_dq(
     sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, sdb, sdh, sdt,
     H, G, T, S, D, DV, nQ, nK, BB, HB, HT, scale, offset, cap,
     SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
+    SPARSE_M: tl.constexpr, SPARSE_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     """``dQ`` of one query tile (``LSE`` is ``+inf`` on dead rows)."""
-    qb = tl.program_id(0)
+    SUBS: tl.constexpr = SPARSE_N // BLOCK_N
+    qt = tl.program_id(0)
+    qb = qt // (SPARSE_M // BLOCK_M)
+    r0 = (qt % (SPARSE_M // BLOCK_M)) * BLOCK_M
     b = (tl.program_id(1) // H).to(tl.int64)
     h = (tl.program_id(1) % H).to(tl.int64)
     hkv = h // G
-    i = qb * BLOCK_M + tl.arange(0, BLOCK_M)
+    i = qt * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_ok = i < T
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
@@ -207,18 +276,19 @@ def flex_backward_dq(
     K += b * skb + hkv * skh
     V += b * svb + hkv * svh
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    part = tl.load(KV_PART + row)
-    for n in range(0, part):  # partial tiles, then full ones
-        kb = tl.load(KV_IDX + row * nK + n)
-        slot = tl.load(SLOT + row * nK + kb)
-        dq = _dq_step(dq, q, do, lse, delta, K, V, h, i, rows_ok, kb, slot, KEEP, SLOPES,
+    part = tl.load(KV_PART + row) * SUBS
+    for n in range(0, part):  # partial blocks' tiles, then full ones
+        kt, keep_at = _visited(KV_IDX, SLOT, KEEP, row * nK, n, row * nK, 1, r0, SPARSE_M,
+                               SPARSE_N, SUBS, True, True)
+        dq = _dq_step(dq, q, do, lse, delta, K, V, h, i, rows_ok, kt, keep_at, SLOPES,
                       sks, svs, S, D, DV, d, dv, offset, cap, scale, SCORE_MOD, PRECISION,
-                      UPCAST, EVEN_D, BLOCK_M, BLOCK_N, True)
-    for n in range(part, tl.load(KV_COUNT + row)):
-        kb = tl.load(KV_IDX + row * nK + n)
-        dq = _dq_step(dq, q, do, lse, delta, K, V, h, i, rows_ok, kb, 0, KEEP, SLOPES,
+                      UPCAST, EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, True)
+    for n in range(part, tl.load(KV_COUNT + row) * SUBS):
+        kt, keep_at = _visited(KV_IDX, SLOT, KEEP, row * nK, n, row * nK, 1, r0, SPARSE_M,
+                               SPARSE_N, SUBS, True, False)
+        dq = _dq_step(dq, q, do, lse, delta, K, V, h, i, rows_ok, kt, keep_at, SLOPES,
                       sks, svs, S, D, DV, d, dv, offset, cap, scale, SCORE_MOD, PRECISION,
-                      UPCAST, EVEN_D, BLOCK_M, BLOCK_N, False)
+                      UPCAST, EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, False)
     tl.store(DQ + at[:, None] * D + d[None, :], (dq * scale).to(DQ.dtype.element_ty),
              mask=rows_ok[:, None] & (d[None, :] < D))
 
@@ -229,15 +299,18 @@ def flex_backward_dkdv(
     sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, sdb, sdh, sdt,
     H, G, T, S, D, DV, nQ, nK, BB, HB, HT, scale, offset, cap,
     SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
+    SPARSE_M: tl.constexpr, SPARSE_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     """``dK`` and ``dV`` of one key tile, summed over the query heads of its group."""
-    kb = tl.program_id(0)
+    SUBS: tl.constexpr = SPARSE_M // BLOCK_M
+    kt = tl.program_id(0)
+    kb = kt // (SPARSE_N // BLOCK_N)
+    c0 = (kt % (SPARSE_N // BLOCK_N)) * BLOCK_N
     Hkv = H // G
     b = (tl.program_id(1) // Hkv).to(tl.int64)
     hkv = (tl.program_id(1) % Hkv).to(tl.int64)
-    j = kb * BLOCK_N + tl.arange(0, BLOCK_N)
+    j = kt * BLOCK_N + tl.arange(0, BLOCK_N)
     cols_ok = j < S
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
@@ -251,20 +324,21 @@ def flex_backward_dkdv(
         column = plane * nK + kb
         q_at, do_at = Q + b * sqb + h * sqh, DO + b * sdb + h * sdh
         lse_at, delta_at = LSE + b * H * T, DELTA + b * H * T
-        part = tl.load(Q_PART + column)
-        for n in range(0, part):  # partial tiles, then full ones
-            qb = tl.load(Q_IDX + column * nQ + n)
-            slot = tl.load(SLOT + (plane * nQ + qb) * nK + kb)
+        part = tl.load(Q_PART + column) * SUBS
+        for n in range(0, part):  # partial blocks' tiles, then full ones
+            qt, keep_at = _visited(Q_IDX, SLOT, KEEP, column * nQ, n, plane * nQ * nK + kb,
+                                   nK, c0, SPARSE_M, SPARSE_N, SUBS, False, True)
             dk, dvacc = _dkdv_step(dk, dvacc, k, v, q_at, do_at, lse_at, delta_at, h, j,
-                                   cols_ok, qb, slot, KEEP, SLOPES, sqt, sdt, T, D, DV, d, dv,
+                                   cols_ok, qt, keep_at, SLOPES, sqt, sdt, T, D, DV, d, dv,
                                    offset, cap, scale, SCORE_MOD, PRECISION, UPCAST, EVEN_D,
-                                   BLOCK_M, BLOCK_N, True)
-        for n in range(part, tl.load(Q_COUNT + column)):
-            qb = tl.load(Q_IDX + column * nQ + n)
+                                   BLOCK_M, BLOCK_N, SPARSE_N, True)
+        for n in range(part, tl.load(Q_COUNT + column) * SUBS):
+            qt, keep_at = _visited(Q_IDX, SLOT, KEEP, column * nQ, n, plane * nQ * nK + kb,
+                                   nK, c0, SPARSE_M, SPARSE_N, SUBS, False, False)
             dk, dvacc = _dkdv_step(dk, dvacc, k, v, q_at, do_at, lse_at, delta_at, h, j,
-                                   cols_ok, qb, 0, KEEP, SLOPES, sqt, sdt, T, D, DV, d, dv,
+                                   cols_ok, qt, keep_at, SLOPES, sqt, sdt, T, D, DV, d, dv,
                                    offset, cap, scale, SCORE_MOD, PRECISION, UPCAST, EVEN_D,
-                                   BLOCK_M, BLOCK_N, False)
+                                   BLOCK_M, BLOCK_N, SPARSE_N, False)
     at = (b * Hkv + hkv) * S + j
     tl.store(DK + at[:, None] * D + d[None, :], (dk * scale).to(DK.dtype.element_ty),
              mask=cols_ok[:, None] & (d[None, :] < D))

@@ -18,7 +18,8 @@ from torch import Tensor
 from qkv.attention import triton_backward, triton_flex, triton_kernels
 from qkv.attention.triton_env import interpreting
 
-__all__ = ["Tiles", "backward", "flex_backward", "flex_forward", "forward", "tiles"]
+__all__ = ["Tiles", "backward", "flex_backward", "flex_forward", "flex_tiles", "forward",
+           "tiles"]
 
 
 @dataclass(frozen=True)
@@ -212,17 +213,44 @@ def backward(q, k, v, out, lse_safe, dout, dlse, mask, alibi, keep, spec):
     return dq, dk, dv
 
 
-def _flex_args(q, k, v, tab, block_mask, mod):
-    """Arguments the three flex kernels share (after their tensors and strides)."""
+def flex_tiles(kind: str, block_size: tuple[int, int], width: int,
+               dtype: torch.dtype) -> Tiles:
+    """Tiles of the flex kernel ``kind`` (``"forward"``, ``"dq"`` or ``"dkdv"``) for a block
+    mask of ``block_size`` ``(bq, bk)`` and head width ``width`` (the larger of ``D`` and
+    ``Dv``): each side at most its block (which it divides: both are powers of two).
+
+    On a GPU these are torch's own choices for its flex kernels on Hopper (bf16/fp16: the
+    forward 128 × 64 with 8 warps and 3 stages, the backward 64-row query tiles against
+    128-key tiles for dK/dV and 128 × 64 for dQ), which hold no spilled registers where
+    128 × 128 spilled 1 KiB a thread in dK/dV (``python -m benchmarks.triton_static``).
+    Interpreted (CPU) runs take 16 × 16, so small block masks still cross tiles.
+    """
+    bq, bk = block_size
+    if interpreting():
+        m, n, warps, stages = 16, 16, 1, 1
+    else:
+        width = _pow2(width)
+        if dtype == torch.float32 or width > 128:
+            m, n, warps, stages = (32, 32, 4, 2) if kind == "forward" else (32, 32, 4, 1)
+        elif kind == "forward":
+            m, n, warps, stages = (128, 64, 8, 3) if width > 64 else (128, 128, 4, 3)
+        else:
+            m, n, warps, stages = {"dq": (128, 64, 8, 3), "dkdv": (64, 128, 8, 3)}[kind]
+    return Tiles(min(m, bq), min(n, bk), warps, stages)
+
+
+def _flex_args(q, k, v, tab, block_mask, mod, kind):
+    """Arguments the three flex kernels share (after their tensors and strides), and the
+    launch options of ``kind``."""
     H, T, D = q.shape[1:]
     Bt, Ht, nq, nk = tab.slot.shape
     flags = dict(PRECISION=_precision(q.dtype), BLOCK_D=_pow2(D), BLOCK_DV=_pow2(v.shape[-1]),
                  UPCAST=interpreting() and q.dtype == torch.bfloat16)
     flags["EVEN_D"] = flags["BLOCK_D"] == D and flags["BLOCK_DV"] == v.shape[-1]
     bq, bk = block_mask.block_size
-    wide = max(flags["BLOCK_D"], flags["BLOCK_DV"]) > 128 or bq * bk > 64 * 128
-    launch = dict(BLOCK_M=bq, BLOCK_N=bk, num_warps=1 if interpreting() else 8 if wide else 4,
-                  num_stages=1 if interpreting() else 2)
+    t = flex_tiles(kind, (bq, bk), max(D, v.shape[-1]), q.dtype)
+    launch = dict(SPARSE_M=bq, SPARSE_N=bk, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+                  num_warps=t.warps, num_stages=t.stages)
     sizes = (H, H // k.shape[1], T, k.shape[2], D, v.shape[-1], nq, nk, int(Bt > 1),
              int(Ht > 1), Ht)
     flags["SCORE_MOD"] = mod.kind
@@ -236,10 +264,9 @@ def flex_forward(q, k, v, tab, block_mask, scale, mod) -> tuple[Tensor, Tensor]:
     B, H, T, _ = q.shape
     out = torch.empty(B, H, T, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
-    sizes, slopes, mod_args, options = _flex_args(q, k, v, tab, block_mask, mod)
-    if not interpreting():
-        options = options | {"num_stages": 3}  # (two where shared memory cannot hold three)
-    _launch(triton_flex.flex_forward, (tab.slot.shape[2], B * H), (
+    sizes, slopes, mod_args, options = _flex_args(q, k, v, tab, block_mask, mod, "forward")
+    tiles_m = tab.slot.shape[2] * (options["SPARSE_M"] // options["BLOCK_M"])
+    _launch(triton_flex.flex_forward, (tiles_m, B * H), (
         q, k, v, out, lse, tab.kv_count, tab.kv_part, tab.kv_idx, tab.slot, tab.keep, slopes,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
         *sizes, scale, *mod_args), options)
@@ -254,12 +281,15 @@ def flex_backward(q, k, v, out, lse_safe, dout, dlse, tab, block_mask, scale, mo
     dq = torch.empty(B, H, T, D, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
-    sizes, slopes, mod_args, options = _flex_args(q, k, v, tab, block_mask, mod)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
-    _launch(triton_flex.flex_backward_dkdv, (tab.slot.shape[3], B * k.shape[1]), (
+    sizes, slopes, mod_args, options = _flex_args(q, k, v, tab, block_mask, mod, "dkdv")
+    tiles_n = tab.slot.shape[3] * (options["SPARSE_N"] // options["BLOCK_N"])
+    _launch(triton_flex.flex_backward_dkdv, (tiles_n, B * k.shape[1]), (
         q, k, v, dout, lse_safe, delta, dk, dv, tab.q_count, tab.q_part, tab.q_idx, tab.slot,
         tab.keep, slopes, *strides, *sizes, scale, *mod_args), options)
-    _launch(triton_flex.flex_backward_dq, (tab.slot.shape[2], B * H), (
+    sizes, slopes, mod_args, options = _flex_args(q, k, v, tab, block_mask, mod, "dq")
+    tiles_m = tab.slot.shape[2] * (options["SPARSE_M"] // options["BLOCK_M"])
+    _launch(triton_flex.flex_backward_dq, (tiles_m, B * H), (
         q, k, v, dout, lse_safe, delta, dq, tab.kv_count, tab.kv_part, tab.kv_idx, tab.slot,
         tab.keep, slopes, *strides, *sizes, scale, *mod_args), options)
     return dq, dk, dv
