@@ -18,7 +18,7 @@ import sys
 
 os.environ.pop("TRITON_INTERPRET", None)
 
-import torch  # noqa: E402
+import torch
 
 B, H, D = 4, 16, 128
 BF16 = torch.bfloat16
@@ -76,9 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    from qkv.bench.triton_static import compiled_launches
-
     import triton
+
+    from qkv.bench.triton_static import compiled_launches
 
     print(f"sm_{a.arch}, {a.sms} multiprocessors; triton {triton.__version__}, torch "
           f"{torch.__version__}; B={B} H={H} D={D} bf16 (decode: H=32 Hkv=8 S=32768)")

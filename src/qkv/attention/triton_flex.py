@@ -11,9 +11,9 @@ partial tiles only). Each kernel runs two loops: partial tiles reading their kee
 full tiles reading no mask. The tables are per block of the block mask (``SPARSE_M ×
 SPARSE_N``, its ``BLOCK_SIZE``); the kernels compute in tiles of ``BLOCK_M × BLOCK_N`` that
 divide it (a 128 × 128 block as two 128 × 64 tiles, as torch's flex kernels do on Hopper:
-fewer registers a tile), one flat loop over (block, tile within it). The tables may be shared by every
-batch row or head (a block mask built with ``B`` or ``H`` None): ``BB``/``HB`` are 1 when they
-vary over it, 0 when not, and ``HT`` is the tables' head count.
+fewer registers a tile), one flat loop over (block, tile within it). The tables may be
+shared by every batch row or head (a block mask built with ``B`` or ``H`` None):
+``BB``/``HB`` are 1 when they vary over it, 0 when not, and ``HT`` is the tables' head count.
 
 Two ready score mods run inside the kernels (``SCORE_MOD``): ALiBi with fixed slopes
 (:func:`qkv.attention.score_mods.alibi`) and soft-capping
