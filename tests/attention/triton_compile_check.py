@@ -101,6 +101,39 @@ def _flex_calls():
         yield label, call
 
 
+def _decode_call():
+    """A decoding step as qkv launches it: one query, H = 32 over Hkv = 8, S = 32768, bf16."""
+    import torch
+
+    from qkv.attention import triton_launch as L
+    from qkv.attention.backends.triton_kernel import _Spec
+
+    q = torch.empty(4, 32, 1, 128, dtype=torch.bfloat16)
+    k, v = (torch.empty(4, 8, 32768, 128, dtype=torch.bfloat16) for _ in range(2))
+    L.forward(q, k, v, None, None, None, _Spec(128 ** -0.5, None, None, 0, 0.0))
+
+
+def _decode() -> list[str]:
+    """Compile a decoding step's launches for Hopper: the split kernel must pipeline, spill
+    nothing, and leave room for at least the programs a multiprocessor is counted to hold."""
+    import torch
+
+    from qkv.attention import triton_launch
+    from qkv.bench.triton_static import compiled_launches
+
+    labels = []
+    for c in compiled_launches(_decode_call, arch=90):
+        line = (f"sm_90 decode {c.kernel} grid {c.grid}: {c.registers} registers, "
+                f"{c.spill_bytes} bytes spilled, {c.programs_per_sm()} programs a "
+                f"multiprocessor, pipelined {c.pipelined}")
+        if c.kernel == "attention_forward":
+            t = triton_launch.tiles("forward", 4, 128, torch.bfloat16)
+            if c.spill_bytes or not c.pipelined or c.programs_per_sm() < t.resident:
+                raise AssertionError(line)
+        labels.append(line)
+    return labels
+
+
 def _flex() -> list[str]:
     """Compile the three block-sparse flex kernels as qkv launches them on an H100/H200
     (Triton's own JIT and argument specialisation, a stand-in driver); each must pipeline its
@@ -120,12 +153,12 @@ def _flex() -> list[str]:
 
 
 def main() -> int:
-    if "--flex" in sys.argv:
+    if "--flex" in sys.argv or "--decode" in sys.argv:
         try:
-            for label in _flex():
+            for label in _flex() if "--flex" in sys.argv else _decode():
                 print(f"ok {label}")
         except Exception as e:
-            print(f"FAILED flex: {type(e).__name__}: {e}")
+            print(f"FAILED {sys.argv[1]}: {type(e).__name__}: {e}")
             return 1
         return 0
     hopper, ampere = GPUTarget("cuda", 90, 32), GPUTarget("cuda", 80, 32)

@@ -30,6 +30,7 @@ class Tiles:
     block_n: int
     warps: int
     stages: int
+    resident: int = 2  # programs a multiprocessor holds at once (what key splits fill)
 
 
 def _pow2(n: int) -> int:
@@ -56,7 +57,10 @@ def tiles(kind: str, rows: int, width: int, dtype: torch.dtype, extras: bool = F
         m, n, warps = ((64, 32, 4) if wide else (64, 64, 4) if extras
                        else (128, 128, 8) if width > 64 else (128, 64, 4))
         if rows < m:  # decoding: the group's rows in one tile
-            m = _pow2(rows)
+            # 64 keys a tile and 4 warps, as a decoding step streams keys: 104 registers and
+            # 70 KiB of shared memory, so 3 programs a multiprocessor, where 128 keys with 8
+            # warps held one (sm_90, benchmarks/triton_static.py; unmeasured on a GPU).
+            return Tiles(_pow2(rows), min(n, 64), 4, 2 if wide else 3, 2 if wide else 3)
         return Tiles(m, n, warps, 2 if wide else 3)
     return Tiles(32, 32, 4, 2) if wide else Tiles(64, 64, 4, 2)
 
@@ -129,13 +133,14 @@ def _gpu_multiprocessors(device: torch.device) -> int | None:
     return None if device.type == "cpu" else _multiprocessors(device.index or 0)
 
 
-def _splits(q: Tensor, programs: int, S: int, block_n: int) -> int:
-    """Key splits for a launch of ``programs`` programs: enough to fill the GPU twice over,
-    with at least 256 keys (4 tiles under the interpreter) in each."""
+def _splits(q: Tensor, programs: int, S: int, block_n: int, per_sm: int = 2) -> int:
+    """Key splits for a launch of ``programs`` programs: enough for ``per_sm`` programs on
+    every multiprocessor (the most that fit at once: no second, partial wave), with at least
+    256 keys (4 tiles under the interpreter) in each."""
     sms = _gpu_multiprocessors(q.device)
-    units = 4 if sms is None else 2 * sms
+    units = 4 if sms is None else per_sm * sms
     least = 4 * block_n if sms is None else 256
-    return max(1, min(-(-units // programs), S // least))
+    return max(1, min(units // programs or 1, S // least))
 
 
 def _unit_last(t: Tensor) -> Tensor:
@@ -153,7 +158,7 @@ def forward(q, k, v, mask, alibi, keep, spec) -> tuple[Tensor, Tensor]:
     extras, mstrides, scalars, flags = _options(q, k, v, mask, alibi, keep, spec)
     t = tiles("forward", G * T, max(D, Dv), q.dtype, mask is not None or alibi is not None)
     row_blocks = -(-G * T // t.block_m)
-    n = _splits(q, row_blocks * B * Hkv, S, t.block_n) if keep is None else 1
+    n = _splits(q, row_blocks * B * Hkv, S, t.block_n, t.resident) if keep is None else 1
     split_len = -(-S // n)
     split_len = -(-split_len // t.block_n) * t.block_n
     n = -(-S // split_len)
@@ -175,7 +180,7 @@ def forward(q, k, v, mask, alibi, keep, spec) -> tuple[Tensor, Tensor]:
         return out, lse
     out = torch.empty(B, H, T, Dv, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
-    rows, block = B * H * T, 16 if interpreting() else 64
+    rows, block = B * H * T, 16  # (a decoding step's few rows over more programs)
     triton_kernels.merge_splits[(-(-rows // block),)](
         o_buf, l_buf, out, lse, n, rows, Dv, BLOCK_R=block, BLOCK_DV=_pow2(Dv), num_warps=4,
     )
