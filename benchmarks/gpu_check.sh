@@ -3,8 +3,8 @@
 # sweep, then the GPU benchmarks (benchmarks/gpu.py); under 8 minutes on one H100/H200. It uses
 # the machine's own python with CUDA torch and triton (PYTHON=...) and qkv from src/ (nothing
 # is installed). Logs and JSON go to $OUT (default benchmarks/results), named after the GPU.
-# Each step has a time limit (TRITON_SECONDS, TILES_SECONDS, TEST_SECONDS, BENCH_SECONDS,
-# OVERHEAD_SECONDS; BENCH_ARGS="--groups alibi,decode" runs some groups of benchmarks/gpu.py,
+# Each step has a time limit (TRITON_SECONDS, TILES_SECONDS, FLEX_TILES_SECONDS, TEST_SECONDS,
+# BENCH_SECONDS, OVERHEAD_SECONDS; BENCH_ARGS="--groups alibi,decode" runs some groups of benchmarks/gpu.py,
 # OVERHEAD_ARGS="" drops the profile); a step cut by it is interrupted
 # (SIGINT), so pytest still prints its summary and the benchmark still writes its JSON.
 set -u
@@ -28,6 +28,12 @@ echo "== 2. tile sweep (benchmarks/triton_tiles.py; TILES_SECONDS=0 skips it)"
 if [ "${TILES_SECONDS:-60}" != 0 ]; then
   timeout -s INT "${TILES_SECONDS:-60}" $PY benchmarks/triton_tiles.py \
     --out "$OUT/tiles-$gpu.json" 2>&1 | grep -v -i warn | tail -32
+fi
+
+echo "== 2b. flex tile sweep (benchmarks/triton_tiles.py --flex; FLEX_TILES_SECONDS=0 skips it)"
+if [ "${FLEX_TILES_SECONDS:-60}" != 0 ]; then
+  timeout -s INT "${FLEX_TILES_SECONDS:-60}" $PY benchmarks/triton_tiles.py --flex \
+    --out "$OUT/flex-tiles-$gpu.json" 2>&1 | grep -v -i warn | tail -16
 fi
 
 echo "== 3. the CUDA subset (tests/cuda_subset.txt), CUDA as the default device"

@@ -1,11 +1,16 @@
 """Sweep the triton backend's tile sizes on a GPU, beside torch's flash SDPA in the same run.
 
-    python benchmarks/triton_tiles.py [--T 4096] [--D 128] [--out tiles.json]
+    python benchmarks/triton_tiles.py [--T 4096] [--D 128] [--out tiles.json] [--flex]
 
 For B=4, H=16, T=S, bfloat16, causal and not: the forward of each (BLOCK_M, BLOCK_N, warps,
 stages) in FORWARD and the backward of each in BACKWARD, timed with
 ``triton.testing.do_bench`` (median ms), with TFLOP/s and the ratio to torch's flash kernel.
 What it prints is what :func:`qkv.attention.triton_launch.tiles` is chosen from.
+
+``--flex``: block-sparse ``qkv.flex_attention`` instead (B=2, T=16384, a document mask of 8
+documents, 128 × 128 blocks), each FLEX_FORWARD config's forward and each FLEX_BACKWARD
+pair's forward+backward: what :func:`qkv.attention.triton_launch.flex_tiles` is chosen from
+(benchmarks/gpu.py's document case times the chosen one beside compiled flex).
 """
 
 from __future__ import annotations
@@ -22,6 +27,14 @@ FORWARD = [(64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 8, 3), (12
            (128, 64, 4, 3)]
 BACKWARD = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 8, 2), (32, 64, 4, 2),
             (64, 32, 4, 2)]
+# Flex: (BLOCK_M, BLOCK_N, warps, stages) of the forward; ((dQ tiles), (dK/dV tiles), warps,
+# stages) of the backward. The first of each is flex_tiles' choice; (128, 128) was the last
+# measured (H200: forward 1.68 ms, forward+backward 8.16 ms).
+FLEX_FORWARD = [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3),
+                (128, 128, 8, 2)]
+FLEX_BACKWARD = [((128, 64), (64, 128), 8, 3), ((128, 128), (128, 128), 8, 2),
+                 ((64, 64), (64, 64), 4, 3), ((128, 64), (64, 128), 8, 2),
+                 ((64, 64), (64, 64), 8, 2), ((128, 32), (32, 128), 8, 3)]
 
 
 def _bench(fn) -> float:
@@ -30,12 +43,63 @@ def _bench(fn) -> float:
     return float(do_bench(fn, warmup=10, rep=40))
 
 
+def _flex_sweep(D: int) -> list[dict]:
+    """Time each FLEX_FORWARD and FLEX_BACKWARD config on the document mask; the records."""
+    import qkv
+    from qkv.attention import triton_launch
+    from qkv.attention.triton_launch import Tiles
+
+    B, H, T, dev = 2, 16, 16384, torch.device("cuda")
+    doc = torch.arange(T, device=dev) // (T // 8)
+    bm = qkv.create_block_mask(lambda b, h, i, j: doc[i] == doc[j], None, None, T, T,
+                               device=dev)
+    q, k, v = (torch.randn(B, H, T, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    do = torch.randn_like(q)
+    chosen, records = triton_launch.flex_tiles, []
+    print(f"{torch.cuda.get_device_name()}  flex, document x8, B={B} H={H} T=S={T} D={D} bf16")
+    runs = [("forward", c) for c in FLEX_FORWARD] + [("fwd+bwd", c) for c in FLEX_BACKWARD]
+    for kind, c in runs:
+        def forced(which, block_size, width, dtype, _k=kind, _c=c):
+            if _k == "forward":
+                return Tiles(*_c) if which == "forward" else chosen(which, block_size, width,
+                                                                     dtype)
+            if which == "forward":
+                return chosen(which, block_size, width, dtype)
+            return Tiles(*(_c[0] if which == "dq" else _c[1]), _c[2], _c[3])
+
+        triton_launch.flex_tiles = forced
+        try:
+            if kind == "forward":
+                ms = _bench(lambda: qkv.flex_attention(q, k, v, block_mask=bm))
+            else:
+                x = [t.clone().requires_grad_() for t in (q, k, v)]
+                ms = _bench(lambda x=x: torch.autograd.grad(
+                    qkv.flex_attention(*x, block_mask=bm), x, do))
+            note = f"{ms:.3f} ms"
+        except Exception as e:  # a config that does not fit
+            ms, note = None, f"{type(e).__name__}: {str(e)[:80]}"
+        finally:
+            triton_launch.flex_tiles = chosen
+        print(f"  {kind:8s} {c}: {note}")
+        records.append(dict(kind=kind, tiles=c, ms=ms))
+    return records
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--T", type=int, default=4096)
     p.add_argument("--D", type=int, default=128)
     p.add_argument("--out", default=None)
+    p.add_argument("--flex", action="store_true")
     a = p.parse_args(argv)
+    if a.flex:
+        records = _flex_sweep(a.D)
+        if a.out:
+            with open(a.out + ".tmp", "w") as f:
+                json.dump(dict(device=torch.cuda.get_device_name(), records=records), f,
+                          indent=1)
+            os.replace(a.out + ".tmp", a.out)
+        return 0
     import qkv
     from qkv.attention import triton_launch
     from qkv.attention.triton_launch import Tiles

@@ -13,7 +13,9 @@ torch flash + a softmax of the slice by hand). ``--quick``: tiny sizes for a CPU
 Timing: CUDA events (device synchronised before each call), ``perf_counter`` on CPU; the
 first call apart (``first_s``: JIT, compile), ``warmup`` calls, then median and min of
 ``repeats``. ``ratios[impl] = impl_ms / base_ms`` (> 1: the base, triton unless said, is
-faster); fwd+bwd cases also time the backward alone (``bwd_*``). ``max_err``: max |impl -
+faster); fwd+bwd cases also time the backward alone (``bwd_*``); forward cases also time
+20 calls back to back (``stream_ms``, ``stream_ratios``: a decoding loop's view, where the
+host's work for one call overlaps the device's for the last). ``max_err``: max |impl -
 float64 math| on forward cases where cheap (T <= 1024). Errors are recorded per case and
 implementation; the suite goes on.
 """
@@ -69,6 +71,20 @@ def time_ms(fn, dev: torch.device, warmup: int, repeats: int, setup=None) -> dic
             times.append(start.elapsed_time(end) if cuda else (time.perf_counter() - t0) * 1e3)
         del arg
     return {"median_ms": statistics.median(times), "min_ms": min(times)}
+
+
+def stream_ms(fn, dev: torch.device, calls: int = 20) -> float:
+    """Milliseconds a call of ``fn()`` over ``calls`` calls made back to back, the device
+    synchronised only before and after, as a decoding loop calls attention: the host's
+    work for a call overlaps the device's for the one before, where :func:`time_ms` starts
+    each call on an idle device (host overhead counted in full)."""
+    fn()
+    _sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    _sync(dev)
+    return (time.perf_counter() - t0) * 1e3 / calls
 
 
 def _fits(nbytes: int, dev: torch.device) -> None:
@@ -251,7 +267,8 @@ def run_case(case: dict, dev: torch.device, warmup: int, repeats: int) -> dict:
                     fn, inputs, case["bwd"], dev, warmup, repeats)
             except Exception as e:
                 res[name] = {"error": _error(e, warned)}
-    for key, out in (("median_ms", "ratios"), ("bwd_median_ms", "bwd_ratios")):
+    for key, out in (("median_ms", "ratios"), ("bwd_median_ms", "bwd_ratios"),
+                     ("stream_ms", "stream_ratios")):
         if key in res.get(case["base"], {}):
             rec[out] = {n: r[key] / res[case["base"]][key] for n, r in res.items()
                         if key in r and n != case["base"]}
@@ -274,7 +291,8 @@ def _time_impl(fn, inputs, bwd, dev, warmup, repeats) -> dict:
             fn(*inputs)
             _sync(dev)
             first = time.perf_counter() - t0
-            return time_ms(lambda _: fn(*inputs), dev, warmup, repeats) | {"first_s": first}
+            return time_ms(lambda _: fn(*inputs), dev, warmup, repeats) | {
+                "first_s": first, "stream_ms": stream_ms(lambda: fn(*inputs), dev)}
     x = [t.detach().requires_grad_() for t in inputs]
     out = fn(*x)
     dout = torch.randn_like(out)
@@ -301,6 +319,10 @@ def _print(rec: dict) -> None:
         if "bwd_median_ms" in r:
             x = f"{bwd_ratios[n]:.3g}x" if n in bwd_ratios else ""
             line += f"  bwd {r['bwd_median_ms']:9.3f} {x:>8}"
+        if "stream_ms" in r:
+            streams = rec.get("stream_ratios", {})
+            x = f"{streams[n]:.3g}x" if n in streams else ""
+            line += f"  stream {r['stream_ms']:9.3f} {x:>8}"
         print(line + (f"  err {errs[n]:.2e}" if isinstance(errs.get(n), float) else ""))
 
 
@@ -331,7 +353,8 @@ def main(argv=None) -> int:
               "warmup": warmup, "repeats": repeats, "quick": a.quick}
     print(f"{header['device']}; triton {triton_version}; {machine_line(info)}")
     print(f"ms: median and min of {repeats} after {warmup} warm-up; ratio = impl / base "
-          f"(> 1: base faster); first: first call, s (JIT, compile); err: vs float64 math\n"
+          f"(> 1: base faster); first: first call, s (JIT, compile); err: vs float64 math;\n"
+          f"stream: ms a call over 20 back-to-back calls (host work overlapping the device's)\n"
           f"  {'impl':22} {'median':>10} {'min':>10} {'ratio':>8} {'first':>8}")
     groups = set(a.groups.split(",")) if a.groups else None
     records, t0 = [], time.perf_counter()
