@@ -95,14 +95,23 @@ def test_forward_lse_and_gradients_equal_float64(kind, shape):
     assert_lse_and_grads_close((out, lse), (ref, ref_lse), (q, k, v), (q64, k64, v64), kind)
 
 
-@pytest.mark.parametrize("mod", ["alibi", "softcap"])
+def _ready_mod(mod: str, H: int, T: int, S: int):
+    if mod == "alibi":
+        return alibi(torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE), offset=S - T)
+    if mod == "softcap":
+        return soft_cap(2.0)
+    g = torch.Generator().manual_seed(3)  # T5's table: 8 buckets, distances up to 20
+    table = torch.randn(8, H, generator=g, dtype=torch.float64).to(DEVICE, torch.float32)
+    return relative_bias(table, 8, 20, bidirectional=mod == "relative")
+
+
+@pytest.mark.parametrize("mod", ["alibi", "softcap", "relative", "relative causal"])
 @pytest.mark.parametrize("kind", ["document", "per head"])
 def test_ready_score_mods_run_in_the_kernel_and_equal_float64(mod, kind):
     shape = SHAPES[1]
     H, T, S = shape[1], shape[3], shape[4]
     bm = _block_mask(kind, shape)
-    score_mod = (alibi(torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE), offset=S - T)
-                 if mod == "alibi" else soft_cap(2.0))
+    score_mod = _ready_mod(mod, H, T, S)
     q, k, v = (t.requires_grad_() for t in _inputs(shape))
     assert flex_path(q, v, score_mod, bm, TRITON)[0] == "triton"
     out, _ = _flex(q, k, v, bm, "triton", score_mod=score_mod)
@@ -176,7 +185,10 @@ def test_path_says_which_kernel_runs_and_why(monkeypatch):
         return s + 0.1
     assert flex_path(q, v, bias, bm, TRITON)[1].startswith("a Python score_mod runs")
     table = torch.zeros(32, 2, device=DEVICE)
-    assert flex_path(q, v, relative_bias(table, 32, 64), bm, TRITON)[0] == "tiles"
+    assert flex_path(q, v, relative_bias(table, 32, 64), bm, TRITON)[0] == "triton"
+    learned_table = table.clone().requires_grad_()
+    assert "learned relative bias" in flex_path(q, v, relative_bias(learned_table, 32, 64), bm,
+                                                TRITON)[1]
     learned = torch.tensor([0.5, 0.25], device=DEVICE, requires_grad=True)
     assert "learned ALiBi" in flex_path(q, v, alibi(learned), bm, TRITON)[1]
     assert flex_path(q, v, None, None, TRITON)[0] == "tiles"
@@ -196,7 +208,7 @@ def test_path_says_which_kernel_runs_and_why(monkeypatch):
 @pytest.mark.skipif(bool(os.environ.get("ATEN_CPU_CAPABILITY")),
                     reason="compiling does not depend on the CPU's kernels: the first pass did it")
 def test_flex_kernels_compile_for_hopper_without_a_gpu():
-    """Forward, dQ and dK/dV for three masks, compiled as launched on Hopper: loads
+    """Forward, dQ and dK/dV for four masks and mods, compiled as launched on Hopper: loads
     pipelined, at most 256 bytes a thread spilled."""
     script = Path(__file__).with_name("triton_compile_check.py")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -204,4 +216,17 @@ def test_flex_kernels_compile_for_hopper_without_a_gpu():
     done = subprocess.run([sys.executable, str(script), "--flex"], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.stdout.count("ok sm_90 flex") == 9, done.stdout
+    assert done.stdout.count("ok sm_90 flex") == 12, done.stdout
+
+
+@pytest.mark.parametrize("mod", ["alibi", "relative"])
+def test_a_mod_for_other_heads_is_refused_on_the_kernel_path_as_on_the_tile_loop(mod):
+    """A table or slopes for 4 heads on an attention of 2: the same error on both paths (the
+    kernel would read past the data)."""
+    shape = SHAPES[0]  # H = 2
+    bm = _block_mask("causal", shape)
+    q, k, v = _inputs(shape)
+    score_mod = _ready_mod(mod, 4, shape[3], shape[4])
+    for backend in ("triton", "tiles"):
+        with pytest.raises(AttentionArgumentError, match="has 4 heads but the attention has H=2"):
+            _flex(q, k, v, bm, backend, score_mod=score_mod)

@@ -3,9 +3,9 @@
 autograd function that runs it.
 
 It serves a call with a block mask and no ``score_mod``, or one of the ready score mods that
-carry ``kernel_params`` (ALiBi with fixed slopes, soft-capping: computed inside the kernel);
-any other Python ``score_mod`` cannot run inside a Triton kernel, and such calls keep the tile
-loop of :mod:`qkv.attention.flex`. It runs on CUDA
+carry ``kernel_params`` (ALiBi with fixed slopes, soft-capping, T5's relative bias with a
+fixed table: computed inside the kernel); any other Python ``score_mod`` cannot run inside a
+Triton kernel, and such calls keep the tile loop of :mod:`qkv.attention.flex`. It runs on CUDA
 tensors in float32, bfloat16 and float16 (on CPU tensors only under ``TRITON_INTERPRET=1``,
 when asked for with ``kernel_options={"backend": "triton"}``), with power-of-two block sizes
 from 16 to 128 and head widths up to 256.
@@ -26,8 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from qkv.attention.errors import AttentionArgumentError
 from qkv.attention.flex_blocks import EMPTY, PARTIAL, BlockMask, tile_keep
 from qkv.attention.masks import safe_lse
+from qkv.attention.score_mods import relative_position_bucket
 from qkv.attention.triton_env import installed, interpreting
 from qkv.checks import values_unknown
 
@@ -49,6 +51,8 @@ def why_not(query: Tensor, value: Tensor, score_mod, block_mask: BlockMask | Non
         return "a Python score_mod runs on the tile loop, not inside a Triton kernel"
     if params is not None and params[0] == "alibi" and params[1].requires_grad:
         return "learned ALiBi slopes get their gradient on the tile loop"
+    if params is not None and params[0] == "relative" and params[1].requires_grad:
+        return "a learned relative bias table gets its gradient on the tile loop"
     if block_mask is None:
         return "no block mask (qkv.scaled_dot_product_attention serves unmasked calls)"
     if query.dtype not in _DTYPES:
@@ -129,30 +133,44 @@ def _build(block_mask: BlockMask, device: torch.device) -> Tables:
 
 @dataclass(frozen=True)
 class ScoreMod:
-    """A ready score mod as the kernels take it: ``kind`` 0 none, 1 ALiBi (``slopes (H,)``
-    float32, ``offset``), 2 soft-cap (``cap``)."""
+    """A ready score mod as the kernels take it: ``kind`` 0 none, 1 ALiBi (``data (H,)``
+    float32 slopes, ``offset``), 2 soft-cap (``cap``), 3 a bias by head and distance
+    (``data (H, T + S - 1)`` float32, entry ``[h, j - i + T - 1]``: T5's relative bias)."""
 
     kind: int = 0
-    slopes: Tensor | None = None
+    data: Tensor | None = None
     offset: int = 0
     cap: float = 1.0
 
 
-def score_mod_params(score_mod, device: torch.device) -> ScoreMod:
-    """The kernels' form of ``score_mod`` (None, or one that carries ``kernel_params``)."""
+def score_mod_params(score_mod, query: Tensor, S: int) -> ScoreMod:
+    """The kernels' form of ``score_mod`` (None, or one that carries ``kernel_params``) for
+    ``query (B, H, T, D)`` against ``S`` keys."""
     params = getattr(score_mod, "kernel_params", None)
     if params is None:
         return ScoreMod()
+    H, T = query.shape[1], query.shape[2]
+    if params[0] == "softcap":
+        return ScoreMod(2, cap=float(params[1]))
+    values = params[1].detach()
+    what = {"alibi": "alibi slopes", "relative": "relative_bias table"}[params[0]]
+    if values.shape[-1] != H:
+        raise AttentionArgumentError(
+            f"{what} has {values.shape[-1]} heads but the attention has H={H} query heads "
+            "(one entry per query head is needed)")
     if params[0] == "alibi":
-        return ScoreMod(1, params[1].detach().to(device, torch.float32), params[2])
-    return ScoreMod(2, cap=float(params[1]))
+        return ScoreMod(1, values.to(query.device, torch.float32), params[2])
+    distance = torch.arange(-(T - 1), S, device=query.device)  # j - i, (T + S - 1,)
+    bucket = relative_position_bucket(distance, *params[2:])
+    table = values.to(query.device, query.dtype).float()  # the tile loop adds it in q's dtype
+    return ScoreMod(3, table[bucket].t().contiguous())  # (H, T + S - 1)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float,
            score_mod=None):
     """``(out (B, H, T, Dv), lse (B, H, T) float32)``, differentiable in q, k, v (and lse)."""
     tab = tables(block_mask, q.device)
-    mod = score_mod_params(score_mod, q.device)
+    mod = score_mod_params(score_mod, q, k.shape[2])
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         return _FlexFunction.apply(q, k, v, tab, block_mask, scale, mod)
     from qkv.attention.triton_launch import flex_forward as forward

@@ -9,9 +9,9 @@ operations on its arguments, so it runs in qkv's kernel (broadcast index tensors
 slopes, a T5 bias table) get gradients through :func:`qkv.flex_attention`'s backward when they
 require them.
 
-``alibi`` and ``soft_cap`` carry ``kernel_params`` (their kind and constants), so the
-block-sparse Triton kernels of :mod:`qkv.attention.flex_triton` run them inside the kernel; a
-``score_mod`` without it runs on the tile loop.
+``alibi``, ``soft_cap`` and ``relative_bias`` carry ``kernel_params`` (their kind and
+constants), so the block-sparse Triton kernels of :mod:`qkv.attention.flex_triton` run them
+inside the kernel; a ``score_mod`` without it runs on the tile loop.
 
 Shapes: ``B`` batch, ``H`` query heads, ``T`` queries, ``S`` keys.
 """
@@ -209,4 +209,6 @@ def relative_bias(
                                           bidirectional)
         return score + table.to(score.device, score.dtype)[bucket, h]
 
+    # what a GPU kernel reads: the bias of each head and distance, from these
+    t5_bias.kernel_params = ("relative", table, num_buckets, max_distance, bidirectional)
     return t5_bias

@@ -15,9 +15,12 @@ fewer registers a tile), one flat loop over (block, tile within it). The tables 
 shared by every batch row or head (a block mask built with ``B`` or ``H`` None):
 ``BB``/``HB`` are 1 when they vary over it, 0 when not, and ``HT`` is the tables' head count.
 
-Two ready score mods run inside the kernels (``SCORE_MOD``): ALiBi with fixed slopes
-(:func:`qkv.attention.score_mods.alibi`) and soft-capping
-(:func:`qkv.attention.score_mods.soft_cap`); any other ``score_mod`` keeps the tile loop.
+Three ready score mods run inside the kernels (``SCORE_MOD``): ALiBi with fixed slopes
+(:func:`qkv.attention.score_mods.alibi`, 1), soft-capping
+(:func:`qkv.attention.score_mods.soft_cap`, 2) and T5's relative bias with a fixed table
+(:func:`qkv.attention.score_mods.relative_bias`, 3: read as a bias by head and distance,
+``MOD_DATA (H, T + S - 1)``, built from the table and its buckets once per call, so the
+buckets are torch's own); any other ``score_mod`` keeps the tile loop.
 
 Shapes: ``q (B, H, T, D)``, ``k (B, Hkv, S, D)``, ``v (B, Hkv, S, Dv)``; ``lse (B, H, T)``
 float32 natural log; ``dQ``, ``dK``, ``dV`` contiguous. Scores in base 2 inside, as in
@@ -41,12 +44,13 @@ def _tanh(x):
 
 
 @triton.jit
-def _tile(q, k, h, i, j, rows_ok, cols_ok, keep_at, SLOPES, offset, cap, scale,
+def _tile(q, k, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
           SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr,
           MASKED: tl.constexpr):
     """Base-2 scores of one tile after the score mod (``SCORE_MOD`` 1: ALiBi
-    ``-slope_h·|i + offset - j|``, 2: soft-cap ``cap·tanh(s / cap)``), ``-inf`` where the
+    ``-slope_h·|i + offset - j|``, 2: soft-cap ``cap·tanh(s / cap)``, 3: plus the bias of
+    distance ``j - i``; ``mod_at`` from :func:`_mod_row`), ``-inf`` where the
     block mask (a partial block, ``MASKED``: ``keep_at`` points at this tile's corner of its
     keep tile, rows ``SPARSE_N`` apart) or the edges hide a key; and ``d mod / d s``
     (soft-cap: ``1 - tanh²``; meaningless otherwise)."""
@@ -54,7 +58,10 @@ def _tile(q, k, h, i, j, rows_ok, cols_ok, keep_at, SLOPES, offset, cap, scale,
     dmod = s
     if SCORE_MOD == 1:
         distance = tl.abs(i[:, None] + offset - j[None, :]).to(tl.float32)
-        s = s - tl.load(SLOPES + h) * distance
+        s = s - tl.load(mod_at) * distance
+    if SCORE_MOD == 3:
+        ok = rows_ok[:, None] & cols_ok[None, :]
+        s = s + tl.load(mod_at + (j[None, :] - i[:, None]), mask=ok, other=0.0)
     if SCORE_MOD == 2:
         t = _tanh(s / cap)
         s = cap * t
@@ -75,7 +82,16 @@ def _keep_at(KEEP, slot, r0, c0, SPARSE_M: tl.constexpr, SPARSE_N: tl.constexpr)
 
 
 @triton.jit
-def _key_tile(q, K, V, h, i, rows_ok, kt, keep_at, SLOPES, sks, svs, S, D, DV, d, dv,
+def _mod_row(MOD_DATA, h, T, S, SCORE_MOD: tl.constexpr):
+    """Head ``h``'s place in the score mod's data: its ALiBi slope, or (a bias by head and
+    distance, ``(H, T + S - 1)``) the entry of distance 0, so ``j - i`` indexes from it."""
+    if SCORE_MOD == 3:
+        return MOD_DATA + h * (T + S - 1) + (T - 1)
+    return MOD_DATA + h
+
+
+@triton.jit
+def _key_tile(q, K, V, i, rows_ok, kt, keep_at, mod_at, sks, svs, S, D, DV, d, dv,
               offset, cap, scale, SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr,
               UPCAST: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr, MASKED: tl.constexpr):
@@ -85,7 +101,7 @@ def _key_tile(q, K, V, h, i, rows_ok, kt, keep_at, SLOPES, sks, svs, S, D, DV, d
     cols_ok = j < S
     k = load_tile(K, j, cols_ok, sks, D, d, True, EVEN_D)
     v = load_tile(V, j, cols_ok, svs, DV, dv, True, EVEN_D)
-    s, dmod = _tile(q, k, h, i, j, rows_ok, cols_ok, keep_at, SLOPES, offset, cap, scale,
+    s, dmod = _tile(q, k, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
                     SCORE_MOD, PRECISION, UPCAST, BLOCK_M, BLOCK_N, SPARSE_N, MASKED)
     return k, v, s, dmod
 
@@ -112,13 +128,13 @@ def _visited(IDX, SLOT, KEEP, at, n, slot_at, slot_step, r0, SPARSE_M: tl.conste
 
 
 @triton.jit
-def _forward_step(q, K, V, m, l, acc, h, i, rows_ok, kt, keep_at, SLOPES, sks, svs, S, D,
+def _forward_step(q, K, V, m, l, acc, i, rows_ok, kt, keep_at, mod_at, sks, svs, S, D,
                   DV, d, dv, offset, cap, scale, SCORE_MOD: tl.constexpr,
                   PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr,
                   MASKED: tl.constexpr):
     """One key tile ``kt`` of the online softmax: the updated ``(m, l, acc)``."""
-    _, v, s, _ = _key_tile(q, K, V, h, i, rows_ok, kt, keep_at, SLOPES, sks, svs, S, D, DV,
+    _, v, s, _ = _key_tile(q, K, V, i, rows_ok, kt, keep_at, mod_at, sks, svs, S, D, DV,
                            d, dv, offset, cap, scale, SCORE_MOD, PRECISION, UPCAST, EVEN_D,
                            BLOCK_M, BLOCK_N, SPARSE_N, MASKED)
     m_new = tl.maximum(m, tl.max(s, 1))
@@ -132,7 +148,7 @@ def _forward_step(q, K, V, m, l, acc, h, i, rows_ok, kt, keep_at, SLOPES, sks, s
 
 @triton.jit
 def flex_forward(
-    Q, K, V, O, L, KV_COUNT, KV_PART, KV_IDX, SLOT, KEEP, SLOPES,
+    Q, K, V, O, L, KV_COUNT, KV_PART, KV_IDX, SLOT, KEEP, MOD_DATA,
     sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, sob, soh, sot,
     H, G, T, S, D, DV, nQ, nK, BB, HB, HT, scale, offset, cap,
     SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
@@ -153,6 +169,7 @@ def flex_forward(
     dv = tl.arange(0, BLOCK_DV)
     q = load_tile(Q + b * sqb + h * sqh, i, rows_ok, sqt, D, d, True, EVEN_D)
     poisoned = poisoned_rows(q)
+    mod_at = _mod_row(MOD_DATA, h, T, S, SCORE_MOD)
     row = ((b * BB) * HT + h * HB) * nQ + qb
     K += b * skb + hkv * skh
     V += b * svb + hkv * svh
@@ -163,13 +180,13 @@ def flex_forward(
     for n in range(0, part):  # partial blocks' tiles: their keep tiles
         kt, keep_at = _visited(KV_IDX, SLOT, KEEP, row * nK, n, row * nK, 1, r0, SPARSE_M,
                                SPARSE_N, SUBS, True, True)
-        m, l, acc = _forward_step(q, K, V, m, l, acc, h, i, rows_ok, kt, keep_at, SLOPES,
+        m, l, acc = _forward_step(q, K, V, m, l, acc, i, rows_ok, kt, keep_at, mod_at,
                                   sks, svs, S, D, DV, d, dv, offset, cap, scale, SCORE_MOD,
                                   PRECISION, UPCAST, EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, True)
     for n in range(part, tl.load(KV_COUNT + row) * SUBS):  # full blocks' tiles: no mask read
         kt, keep_at = _visited(KV_IDX, SLOT, KEEP, row * nK, n, row * nK, 1, r0, SPARSE_M,
                                SPARSE_N, SUBS, True, False)
-        m, l, acc = _forward_step(q, K, V, m, l, acc, h, i, rows_ok, kt, keep_at, SLOPES,
+        m, l, acc = _forward_step(q, K, V, m, l, acc, i, rows_ok, kt, keep_at, mod_at,
                                   sks, svs, S, D, DV, d, dv, offset, cap, scale, SCORE_MOD,
                                   PRECISION, UPCAST, EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, False)
     out, lse = finish_rows(acc, l, m, poisoned)
@@ -179,13 +196,13 @@ def flex_forward(
 
 
 @triton.jit
-def _dq_step(dq, q, do, lse, delta, K, V, h, i, rows_ok, kt, keep_at, SLOPES, sks, svs, S,
+def _dq_step(dq, q, do, lse, delta, K, V, i, rows_ok, kt, keep_at, mod_at, sks, svs, S,
              D, DV, d, dv, offset, cap, scale, SCORE_MOD: tl.constexpr,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr,
              MASKED: tl.constexpr):
     """``dq`` plus key tile ``kt``'s share."""
-    k, v, s, dmod = _key_tile(q, K, V, h, i, rows_ok, kt, keep_at, SLOPES, sks, svs, S, D,
+    k, v, s, dmod = _key_tile(q, K, V, i, rows_ok, kt, keep_at, mod_at, sks, svs, S, D,
                               DV, d, dv, offset, cap, scale, SCORE_MOD, PRECISION, UPCAST,
                               EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, MASKED)
     p = tl.math.exp2(s - lse[:, None])
@@ -196,7 +213,7 @@ def _dq_step(dq, q, do, lse, delta, K, V, h, i, rows_ok, kt, keep_at, SLOPES, sk
 
 
 @triton.jit
-def _tile_t(k, q, h, i, j, rows_ok, cols_ok, keep_at, SLOPES, offset, cap, scale,
+def _tile_t(k, q, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
             SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr,
             MASKED: tl.constexpr):
@@ -207,7 +224,10 @@ def _tile_t(k, q, h, i, j, rows_ok, cols_ok, keep_at, SLOPES, offset, cap, scale
     dmod = s
     if SCORE_MOD == 1:
         distance = tl.abs(i[None, :] + offset - j[:, None]).to(tl.float32)
-        s = s - tl.load(SLOPES + h) * distance
+        s = s - tl.load(mod_at) * distance
+    if SCORE_MOD == 3:
+        ok = cols_ok[:, None] & rows_ok[None, :]
+        s = s + tl.load(mod_at + (j[:, None] - i[None, :]), mask=ok, other=0.0)
     if SCORE_MOD == 2:
         t = _tanh(s / cap)
         s = cap * t
@@ -222,7 +242,7 @@ def _tile_t(k, q, h, i, j, rows_ok, cols_ok, keep_at, SLOPES, offset, cap, scale
 
 
 @triton.jit
-def _dkdv_step(dk, dvacc, k, v, Q, DO, LSE, DELTA, h, j, cols_ok, qt, keep_at, SLOPES,
+def _dkdv_step(dk, dvacc, k, v, Q, DO, LSE, DELTA, h, j, cols_ok, qt, keep_at, mod_at,
                sqt, sdt, T, D, DV, d, dv, offset, cap, scale, SCORE_MOD: tl.constexpr,
                PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr,
@@ -236,7 +256,7 @@ def _dkdv_step(dk, dvacc, k, v, Q, DO, LSE, DELTA, h, j, cols_ok, qt, keep_at, S
     at = h * T + i
     lse = tl.load(LSE + at, mask=rows_ok, other=float("inf")) * 1.4426950408889634
     delta = tl.load(DELTA + at, mask=rows_ok, other=0.0)
-    s, dmod = _tile_t(k, q, h, i, j, rows_ok, cols_ok, keep_at, SLOPES, offset, cap, scale,
+    s, dmod = _tile_t(k, q, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
                       SCORE_MOD, PRECISION, UPCAST, BLOCK_M, BLOCK_N, SPARSE_N, MASKED)
     p = tl.math.exp2(s - lse[None, :])  # Pᵀ (BLOCK_N, BLOCK_M)
     dvacc += matmul(p.to(do.dtype), do, PRECISION, UPCAST)
@@ -248,7 +268,7 @@ def _dkdv_step(dk, dvacc, k, v, Q, DO, LSE, DELTA, h, j, cols_ok, qt, keep_at, S
 
 @triton.jit
 def flex_backward_dq(
-    Q, K, V, DO, LSE, DELTA, DQ, KV_COUNT, KV_PART, KV_IDX, SLOT, KEEP, SLOPES,
+    Q, K, V, DO, LSE, DELTA, DQ, KV_COUNT, KV_PART, KV_IDX, SLOT, KEEP, MOD_DATA,
     sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, sdb, sdh, sdt,
     H, G, T, S, D, DV, nQ, nK, BB, HB, HT, scale, offset, cap,
     SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
@@ -272,6 +292,7 @@ def flex_backward_dq(
     at = (b * H + h) * T + i
     lse = tl.load(LSE + at, mask=rows_ok, other=float("inf")) * 1.4426950408889634
     delta = tl.load(DELTA + at, mask=rows_ok, other=0.0)
+    mod_at = _mod_row(MOD_DATA, h, T, S, SCORE_MOD)
     row = ((b * BB) * HT + h * HB) * nQ + qb
     K += b * skb + hkv * skh
     V += b * svb + hkv * svh
@@ -280,13 +301,13 @@ def flex_backward_dq(
     for n in range(0, part):  # partial blocks' tiles, then full ones
         kt, keep_at = _visited(KV_IDX, SLOT, KEEP, row * nK, n, row * nK, 1, r0, SPARSE_M,
                                SPARSE_N, SUBS, True, True)
-        dq = _dq_step(dq, q, do, lse, delta, K, V, h, i, rows_ok, kt, keep_at, SLOPES,
+        dq = _dq_step(dq, q, do, lse, delta, K, V, i, rows_ok, kt, keep_at, mod_at,
                       sks, svs, S, D, DV, d, dv, offset, cap, scale, SCORE_MOD, PRECISION,
                       UPCAST, EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, True)
     for n in range(part, tl.load(KV_COUNT + row) * SUBS):
         kt, keep_at = _visited(KV_IDX, SLOT, KEEP, row * nK, n, row * nK, 1, r0, SPARSE_M,
                                SPARSE_N, SUBS, True, False)
-        dq = _dq_step(dq, q, do, lse, delta, K, V, h, i, rows_ok, kt, keep_at, SLOPES,
+        dq = _dq_step(dq, q, do, lse, delta, K, V, i, rows_ok, kt, keep_at, mod_at,
                       sks, svs, S, D, DV, d, dv, offset, cap, scale, SCORE_MOD, PRECISION,
                       UPCAST, EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, False)
     tl.store(DQ + at[:, None] * D + d[None, :], (dq * scale).to(DQ.dtype.element_ty),
@@ -295,7 +316,7 @@ def flex_backward_dq(
 
 @triton.jit
 def flex_backward_dkdv(
-    Q, K, V, DO, LSE, DELTA, DK, DV_, Q_COUNT, Q_PART, Q_IDX, SLOT, KEEP, SLOPES,
+    Q, K, V, DO, LSE, DELTA, DK, DV_, Q_COUNT, Q_PART, Q_IDX, SLOT, KEEP, MOD_DATA,
     sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, sdb, sdh, sdt,
     H, G, T, S, D, DV, nQ, nK, BB, HB, HT, scale, offset, cap,
     SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
@@ -322,6 +343,7 @@ def flex_backward_dkdv(
         h = hkv * G + g
         plane = (b * BB) * HT + h * HB
         column = plane * nK + kb
+        mod_at = _mod_row(MOD_DATA, h, T, S, SCORE_MOD)
         q_at, do_at = Q + b * sqb + h * sqh, DO + b * sdb + h * sdh
         lse_at, delta_at = LSE + b * H * T, DELTA + b * H * T
         part = tl.load(Q_PART + column) * SUBS
@@ -329,14 +351,14 @@ def flex_backward_dkdv(
             qt, keep_at = _visited(Q_IDX, SLOT, KEEP, column * nQ, n, plane * nQ * nK + kb,
                                    nK, c0, SPARSE_M, SPARSE_N, SUBS, False, True)
             dk, dvacc = _dkdv_step(dk, dvacc, k, v, q_at, do_at, lse_at, delta_at, h, j,
-                                   cols_ok, qt, keep_at, SLOPES, sqt, sdt, T, D, DV, d, dv,
+                                   cols_ok, qt, keep_at, mod_at, sqt, sdt, T, D, DV, d, dv,
                                    offset, cap, scale, SCORE_MOD, PRECISION, UPCAST, EVEN_D,
                                    BLOCK_M, BLOCK_N, SPARSE_N, True)
         for n in range(part, tl.load(Q_COUNT + column) * SUBS):
             qt, keep_at = _visited(Q_IDX, SLOT, KEEP, column * nQ, n, plane * nQ * nK + kb,
                                    nK, c0, SPARSE_M, SPARSE_N, SUBS, False, False)
             dk, dvacc = _dkdv_step(dk, dvacc, k, v, q_at, do_at, lse_at, delta_at, h, j,
-                                   cols_ok, qt, keep_at, SLOPES, sqt, sdt, T, D, DV, d, dv,
+                                   cols_ok, qt, keep_at, mod_at, sqt, sdt, T, D, DV, d, dv,
                                    offset, cap, scale, SCORE_MOD, PRECISION, UPCAST, EVEN_D,
                                    BLOCK_M, BLOCK_N, SPARSE_N, False)
     at = (b * Hkv + hkv) * S + j

@@ -259,8 +259,8 @@ def _flex_args(q, k, v, tab, block_mask, mod, kind):
     sizes = (H, H // k.shape[1], T, k.shape[2], D, v.shape[-1], nq, nk, int(Bt > 1),
              int(Ht > 1), Ht)
     flags["SCORE_MOD"] = mod.kind
-    slopes = q if mod.slopes is None else mod.slopes
-    return sizes, slopes, (mod.offset, mod.cap), flags | launch
+    data = q if mod.data is None else mod.data
+    return sizes, data, (mod.offset, mod.cap), flags | launch
 
 
 def flex_forward(q, k, v, tab, block_mask, scale, mod) -> tuple[Tensor, Tensor]:
