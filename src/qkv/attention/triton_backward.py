@@ -23,7 +23,6 @@ from qkv.attention.triton_kernels import (
     matmul,
     packed_rows,
     spans,
-    tile_scores,
 )
 
 
@@ -107,6 +106,46 @@ def attention_backward_dq(
 
 
 @triton.jit
+def tile_scores_t(
+    k, q, b, h, i, j, rows_ok, cols_ok, M, SLOPES, KEEP,
+    smb, smh, smt, sms, H, T, S, scale, causal, window, alibi_shift,
+    MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, EDGE: tl.constexpr,
+):
+    """:func:`~qkv.attention.triton_kernels.tile_scores` transposed, for one query head
+    ``h`` (a scalar): scores ``(BN, BM)`` of keys ``j`` (rows) against queries ``i``
+    (columns), and the dropout keep tile, so that ``Pᵀ·dO`` and ``dSᵀ·Q`` multiply tiles as
+    they come out of ``K·Qᵀ`` (no tile held in registers is transposed)."""
+    s = matmul(k, tl.trans(q), PRECISION, UPCAST) * scale
+    if HAS_ALIBI:
+        slope = tl.load(SLOPES + h) * 1.4426950408889634
+        distance = tl.abs(i[None, :] + alibi_shift - j[:, None]).to(tl.float32)
+        s = s - slope * distance
+    inside = cols_ok[:, None] & rows_ok[None, :]
+    if MASK_KIND != 0:
+        where = (b * smb + h * smh + i[None, :].to(tl.int64) * smt
+                 + j[:, None].to(tl.int64) * sms)
+        if MASK_KIND == 1:
+            s = tl.where(tl.load(M + where, mask=inside, other=0) != 0, s, float("-inf"))
+        else:
+            bias = tl.load(M + where, mask=inside, other=0.0).to(tl.float32)
+            s = s + bias * 1.4426950408889634
+    if EDGE:
+        visible = inside
+        if IS_CAUSAL:
+            visible = visible & (j[:, None] <= i[None, :] + causal)
+            if HAS_WINDOW:
+                visible = visible & (j[:, None] > i[None, :] + causal - window)
+        s = tl.where(visible, s, float("-inf"))
+    keep = inside  # unused without dropout (a compiled kernel cannot return None)
+    if HAS_DROPOUT:
+        row = (b * H + h) * T + i[None, :].to(tl.int64)
+        keep = tl.load(KEEP + row * S + j[:, None], mask=inside, other=0) != 0
+    return s, keep
+
+
+@triton.jit
 def _dkdv_span(
     dk, dvacc, k, v, Q_at, DO_at, LSE_at, DELTA_at, start, end, b, hs, j, cols_ok,
     M, SLOPES, KEEP, sqt, sdt, smb, smh, smt, sms, H, T, S, D, DV, scale, causal,
@@ -116,13 +155,13 @@ def _dkdv_span(
     EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
-    """``dV += Pᵀ·dO`` and ``dK += dSᵀ·Q`` over query tiles ``[start, end)`` of head ``hs``."""
+    """``dV += Pᵀ·dO`` and ``dK += dSᵀ·Q`` over query tiles ``[start, end)`` of head ``hs``,
+    computed transposed (keys along rows)."""
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     for i0 in range(start, end, BLOCK_M):
         i = i0 + tl.arange(0, BLOCK_M)
         rows_ok = i < T
-        h = hs + tl.zeros([BLOCK_M], tl.int64)
         q = load_tile(Q_at, i, rows_ok, sqt, D, d, EDGE, EVEN_D)
         do = load_tile(DO_at, i, rows_ok, sdt, DV, dv, EDGE, EVEN_D)
         if EDGE:
@@ -131,20 +170,20 @@ def _dkdv_span(
         else:
             lse = tl.load(LSE_at + i)
             delta = tl.load(DELTA_at + i)
-        s, keep = tile_scores(
-            q, k, b, h, i, j, rows_ok, cols_ok, M, SLOPES, KEEP, smb, smh, smt, sms,
+        s, keep = tile_scores_t(
+            k, q, b, hs, i, j, rows_ok, cols_ok, M, SLOPES, KEEP, smb, smh, smt, sms,
             H, T, S, scale, causal, window, alibi_shift,
             MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, HAS_DROPOUT, PRECISION, UPCAST, EDGE,
         )
-        p = tl.math.exp2(s - lse[:, None] * 1.4426950408889634)  # (BM, BN)
-        dp = matmul(do, tl.trans(v), PRECISION, UPCAST)
+        p = tl.math.exp2(s - lse[None, :] * 1.4426950408889634)  # Pᵀ (BN, BM)
+        dp = matmul(v, tl.trans(do), PRECISION, UPCAST)  # dPᵀ
         p_applied = p
         if HAS_DROPOUT:
             p_applied = tl.where(keep, p * keep_scale, 0.0)
             dp = tl.where(keep, dp * keep_scale, 0.0)
-        dvacc += matmul(tl.trans(p_applied.to(do.dtype)), do, PRECISION, UPCAST)
-        ds = p * (dp - delta[:, None])
-        dk += matmul(tl.trans(ds.to(q.dtype)), q, PRECISION, UPCAST)
+        dvacc += matmul(p_applied.to(do.dtype), do, PRECISION, UPCAST)
+        ds = p * (dp - delta[None, :])
+        dk += matmul(ds.to(q.dtype), q, PRECISION, UPCAST)
     return dk, dvacc
 
 
