@@ -282,14 +282,16 @@ def test_kernels_compile_for_hopper_and_ampere_without_a_gpu():
 
 @pytest.mark.skipif(bool(os.environ.get("ATEN_CPU_CAPABILITY")),
                     reason="compiling does not depend on the CPU's kernels: the first pass did it")
-def test_a_decoding_step_compiles_to_a_full_gpu_without_one():
-    """A decoding step's split kernel, compiled as launched on Hopper (Triton's own argument
-    specialisation): loads pipelined, nothing spilled, and as many programs resident on a
+def test_dense_and_decoding_launches_compile_well_for_a_gpu_without_one():
+    """The dense forward and backward and a decoding step, compiled as launched on Hopper
+    (Triton's own argument specialisation): loads pipelined, at most 256 bytes a thread
+    spilled; the decoding step's split kernel spills nothing and as many programs fit on a
     multiprocessor as its key splits are counted for."""
     script = Path(__file__).with_name("triton_compile_check.py")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    done = subprocess.run([sys.executable, str(script), "--decode"], env=env,
+    done = subprocess.run([sys.executable, str(script), "--launched"], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "ok sm_90 decode attention_forward grid (1, 32, 12)" in done.stdout, done.stdout
+    assert done.stdout.count("ok sm_90") == 10, done.stdout
