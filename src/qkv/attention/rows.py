@@ -14,11 +14,13 @@ Re-exported by :mod:`qkv.attention.masks`, where callers find them.
 from __future__ import annotations
 
 import math
+import os
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from qkv.attention.errors import AttentionArgumentError
 from qkv.checks import values_unknown
 
 if TYPE_CHECKING:
@@ -98,8 +100,43 @@ def dropout_keep(call: AttentionCall) -> Tensor:
     dtype they compute the weights in.
     """
     B, H, T = call.query.shape[:3]
+    _check_keep_fits(call)
     ones = torch.ones(B, H, T, call.S, dtype=call.query.dtype, device=call.query.device)
     return torch.dropout(ones, call.dropout_p, True) != 0  # (B, H, T, S)
+
+
+def _check_keep_fits(call: AttentionCall) -> None:
+    """Refuse, before drawing it, a keep mask that would not fit: drawing it holds the ones,
+    their dropped copy and the bool result, ``B·H·T·S · (2·itemsize + 1)`` bytes, which at
+    long sequences is more than the attention's own memory by far (T = S = 16384, B = 4,
+    H = 16, bfloat16: 80 GiB). The limit is half the machine's memory on the CPU (as for a
+    capture's weights), the device's free memory on a GPU."""
+    q = call.query
+    B, H, T = q.shape[:3]
+    count = B * H * T * call.S
+    need = count * (2 * q.element_size() + 1)
+    if need < 1 << 30:
+        return
+    if q.device.type == "cuda":
+        limit, where = torch.cuda.mem_get_info(q.device)[0], "free on this GPU"
+    else:
+        limit, where = _memory_bytes() // 2, "half this machine's memory"
+    if limit and need > limit:
+        other = ("backend='torch' (its fused GPU kernel draws dropout inside the kernel), "
+                 if q.device.type == "cuda" else "")
+        raise AttentionArgumentError(
+            f"dropout_p={call.dropout_p} draws torch's keep mask of (B, H, T, S) = "
+            f"({B}, {H}, {T}, {call.S}), {need / 2**30:.1f} GiB while it is drawn, more than "
+            f"the {limit / 2**30:.1f} GiB {where}: use {other}dropout_p=0, or shorter "
+            "sequences or fewer rows a call")
+
+
+def _memory_bytes() -> int:
+    """This machine's physical memory (0 where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 # --- non-finite inputs: never hidden ------------------------------------------------------
