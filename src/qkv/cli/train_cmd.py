@@ -20,14 +20,14 @@ same seeded model and data, and trains on its share of every global batch, with 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import torch
-import typer
 from rich.console import Console
 from rich.markup import escape
 
-from qkv.cli.common import FLAG, fail
+from qkv.cli import train_options as o
+from qkv.cli.common import fail
 from qkv.cli.train_from import (
     FINETUNE_FILE,
     finetune,
@@ -61,123 +61,42 @@ __all__ = ["command", "metrics_text", "resume_notice"]
 
 NAME = "train"
 
+
 def command(
-    task: Annotated[str | None, typer.Argument(
-        help="A synthetic task: copy, reverse, sort, addition or dates.", show_default=False,
-    )] = None,
-    text: Annotated[Path | None, typer.Option(
-        "--text", help="Train a language model on this text file or folder, or on the records "
-        "of a .jsonl (or .csv/.tsv with --text-column).",
-    )] = None,
-    pairs: Annotated[Path | None, typer.Option(
-        "--pairs", help="Train a translation model on pairs: a .tsv (source<TAB>target, or "
-        "named columns under a header), .csv (header) or .jsonl file.",
-    )] = None,
-    source_column: Annotated[str | None, typer.Option(
-        "--source-column", help="--pairs: the source column (CSV/TSV header) or key (JSONL); "
-        "default 'source'.",
-    )] = None,
-    target_column: Annotated[str | None, typer.Option(
-        "--target-column", help="--pairs: the target column or key; default 'target'.",
-    )] = None,
-    text_column: Annotated[str | None, typer.Option(
-        "--text-column", help="--text: train on this column of a .csv/.tsv or key of a .jsonl "
-        "(default for .jsonl: 'text'); records become paragraphs.",
-    )] = None,
-    tokenizer: Annotated[str | None, typer.Option(
-        "--tokenizer", help="char (characters seen in training; default), byte (UTF-8 bytes) or "
-        "bpe (byte-level BPE trained on the training split, saved in the run folder).",
-    )] = None,
-    vocab_size: Annotated[int | None, typer.Option(
-        "--vocab-size", help="--tokenizer bpe: vocabulary size (>= 260; default 1000).",
-    )] = None,
-    from_: Annotated[str | None, typer.Option(
-        "--from", help="Fine-tune this pretrained decoder (a packaged name such as "
-        "SmolLM2-135M-Instruct, a Hugging Face folder, a .gguf file) on --chat or --text; "
-        "<out>/model receives it as a Hugging Face folder.", show_default=False,
-    )] = None,
-    chat: Annotated[Path | None, typer.Option(
-        "--chat", help="--from: conversations, a .jsonl of {\"messages\": [...]} lines; the "
-        "loss counts the assistant turns only.",
-    )] = None,
-    lora_rank: Annotated[int | None, typer.Option(
-        "--lora-rank", help="--from: train LoRA adapters of this rank, the other weights "
-        "frozen (without it, every weight trains).",
-    )] = None,
-    lora_alpha: Annotated[float | None, typer.Option(
-        "--lora-alpha", help="--lora-rank: the update's scale is alpha / rank (default alpha: "
-        "twice the rank).",
-    )] = None,
-    lora_dropout: Annotated[float | None, typer.Option(
-        "--lora-dropout", help="--lora-rank: dropout on the adapters' input (default 0).",
-    )] = None,
-    lora_targets: Annotated[str | None, typer.Option(
-        "--lora-targets", help="--lora-rank: comma-separated layer-name patterns (default "
-        "'*.q_proj,*.k_proj,*.v_proj,*.out_proj').",
-    )] = None,
-    resume: Annotated[Path | None, typer.Option(
-        "--resume", help="Continue this run folder exactly from its last checkpoint (its data, "
-        "model, tokenizers and settings; --steps may change its total, and a note says how the "
-        "learning-rate schedule is re-planned).",
-    )] = None,
-    config: Annotated[Path | None, typer.Option(
-        "--config", help="A TOML file: TrainConfig keys, \\[data] and \\[model] tables.",
-    )] = None,
-    out: Annotated[Path | None, typer.Option(
-        "--out", help="The run folder (default runs/<task or file name>); must not hold a run.",
-    )] = None,
-    steps: Annotated[int | None, typer.Option("--steps", help="Optimizer steps.")] = None,
-    batch_size: Annotated[int | None, typer.Option(
-        "--batch-size", help="Examples per step (in all, under torchrun).",
-    )] = None,
-    lr: Annotated[float | None, typer.Option("--lr", help="Peak learning rate.")] = None,
-    eval_every: Annotated[int | None, typer.Option(
-        "--eval-every", help="Validate every this many steps.",
-    )] = None,
-    d_model: Annotated[int | None, typer.Option("--d-model", help="Model width.")] = None,
-    layers: Annotated[int | None, typer.Option(
-        "--layers", help="Blocks (per stack for encoder-decoders).",
-    )] = None,
-    heads: Annotated[int | None, typer.Option("--heads", help="Attention heads.")] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Seeds data and training.")] = None,
-    max_seconds: Annotated[float | None, typer.Option(
-        "--max-seconds", help="Stop training after this many seconds.",
-    )] = None,
-    device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ...")] = None,
-    threads: Annotated[int | None, typer.Option(
-        "--threads", min=1, help="CPU threads for torch (default: torch's own).",
-    )] = None,
-    pack: Annotated[bool | None, typer.Option(
-        "--pack/--no-pack", metavar=FLAG, show_default=False, help="Text: train on "
-        "paragraphs packed into rows with document ids (no attention across paragraphs, "
-        "positions restart), or on windows of the stream \\[default: --config's, else "
-        "windows].",
-    )] = None,
-    fsdp: Annotated[bool | None, typer.Option(
-        "--fsdp/--no-fsdp", metavar=FLAG, show_default=False, help="Under torchrun: shard "
-        "weights, gradients and optimizer state (FSDP2), or keep a replica per process (DDP) "
-        "\\[default: --config's, else DDP].",
-    )] = None,
-    context_parallel: Annotated[int | None, typer.Option(
-        "--context-parallel", help="Text, under torchrun: processes that share each sequence "
-        "(context parallelism; must divide the number of processes) \\[default: 1].",
-        show_default=False,
-    )] = None,
-    context_method: Annotated[str | None, typer.Option(
-        "--context-method", help="--context-parallel: auto, ring or all_to_all (how attention "
-        "crosses the processes) \\[default: auto].", show_default=False,
-    )] = None,
-    checkpoint_activations: Annotated[bool | None, typer.Option(
-        "--checkpoint-activations/--no-checkpoint-activations", metavar=FLAG,
-        show_default=False, help="Each block recomputes its activations in backward instead "
-        "of storing them: less memory, about a third more compute, the same results "
-        "\\[default: --config's, else off].",
-    )] = None,
-    bf16: Annotated[bool | None, typer.Option(
-        "--bf16/--no-bf16", metavar=FLAG, show_default=False, help="bfloat16 autocast around "
-        "forward and loss (much slower on a CPU without native bfloat16: a note says so) "
-        "\\[default: --config's, else float32].",
-    )] = None,
+    task: o.Task = None,
+    text: o.Text = None,
+    pairs: o.Pairs = None,
+    source_column: o.SourceColumn = None,
+    target_column: o.TargetColumn = None,
+    text_column: o.TextColumn = None,
+    tokenizer: o.Tokenizer = None,
+    vocab_size: o.VocabSize = None,
+    from_: o.From = None,
+    chat: o.Chat = None,
+    lora_rank: o.LoraRank = None,
+    lora_alpha: o.LoraAlpha = None,
+    lora_dropout: o.LoraDropout = None,
+    lora_targets: o.LoraTargets = None,
+    resume: o.Resume = None,
+    config: o.Config = None,
+    out: o.Out = None,
+    steps: o.Steps = None,
+    batch_size: o.BatchSize = None,
+    lr: o.Lr = None,
+    eval_every: o.EvalEvery = None,
+    d_model: o.DModel = None,
+    layers: o.Layers = None,
+    heads: o.Heads = None,
+    seed: o.Seed = None,
+    max_seconds: o.MaxSeconds = None,
+    device: o.Device = None,
+    threads: o.Threads = None,
+    pack: o.Pack = None,
+    fsdp: o.Fsdp = None,
+    context_parallel: o.ContextParallel = None,
+    context_method: o.ContextMethod = None,
+    checkpoint_activations: o.CheckpointActivations = None,
+    bf16: o.Bf16 = None,
 ) -> None:
     """Train a transformer from scratch (a synthetic task, a file of pairs, any text), or
     fine-tune a pretrained one (--from).
