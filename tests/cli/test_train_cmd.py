@@ -205,6 +205,21 @@ def test_bad_configs_are_one_line_errors(tmp_path, monkeypatch, toml, args, mess
     assert not (tmp_path / "run" / "last").exists()
 
 
+@pytest.mark.parametrize(("toml", "args", "blamed"), [
+    ("steps = 5\n", ["--steps", "0"], False),  # the command line's value, not the file's
+    ("steps = 5\n", ["--context-parallel", "0"], False),
+    ("steps = 0\n", [], True),  # the file's own value
+    ("steps = 0\n", ["--lr", "0.01"], True),
+])
+def test_an_error_names_the_config_file_only_when_the_file_is_at_fault(tmp_path, monkeypatch,
+                                                                       toml, args, blamed):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "c.toml", toml)
+    result = runner.invoke(app, ["train", "dates", *args, "--config", "c.toml", "--out", "run"])
+    assert_one_line_error(result, "must be")
+    assert ("c.toml:" in result.stderr) is blamed, result.stderr
+
+
 def test_missing_config_file_and_taken_out_folder(tmp_path, copy_run):
     result = runner.invoke(app, ["train", "dates", "--config", str(tmp_path / "none.toml")])
     assert_one_line_error(result, f"no config file at {tmp_path / 'none.toml'}")

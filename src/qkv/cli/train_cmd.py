@@ -214,6 +214,19 @@ def _train_table(config: Path | None) -> dict[str, Any]:
     return tables["train"]
 
 
+def _blamed(err: ValueError, config: Path | None, file_alone: Any) -> str:
+    """``err``'s message, from settings the file and the command line gave together, led by
+    the file's name where the file's settings alone (``file_alone()``) fail too; an option
+    given on the command line is named by itself, not as the file's."""
+    if config is None:
+        return str(err)
+    try:
+        file_alone()
+    except ValueError:
+        return f"{config}: {err}"
+    return str(err)
+
+
 def _say(console: Console) -> Any:
     """Print on rank 0 only (the world is known once the run has started)."""
 
@@ -259,12 +272,16 @@ def _train(console, task, text, pairs, config, out, steps, batch_size, lr, eval_
         if seed is None and "seed" not in tables["data"] and "seed" in tables["train"]:
             spec = DataSpec(**{**spec.to_json(), "seed": tables["train"]["seed"]})
         run_dir = out if out is not None else Path("runs") / Path(spec.source).stem
-        options = dict(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every,
-                       seed=seed, device=device, fsdp=fsdp, pack=pack,
-                       run_dir=str(run_dir), **levers)  # fmt: skip
-        train_config = build_train_config(spec.kind, tables["train"], options)
     except ValueError as err:
         raise ValueError(f"{config}: {err}" if config is not None else err) from None
+    options = dict(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every,
+                   seed=seed, device=device, fsdp=fsdp, pack=pack,
+                   run_dir=str(run_dir), **levers)  # fmt: skip
+    try:
+        train_config = build_train_config(spec.kind, tables["train"], options)
+    except ValueError as err:
+        raise ValueError(_blamed(err, config, lambda: build_train_config(
+            spec.kind, tables["train"], {"run_dir": str(run_dir)}))) from None
     # under torchrun: join the process group (a no-op for a single process)
     world = init_distributed(train_config.device)
     say = console.print if world.is_zero else _quiet
