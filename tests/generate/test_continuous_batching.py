@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from qkv.attention import triton_env
 from qkv.generate import greedy, sample, strip
 from qkv.generate.batching import BatchingEngine
 from qkv.generate.engine import SamplingParams
@@ -30,22 +31,28 @@ def _model(kind: str = "llama") -> DecoderLM:
     return DecoderLM(config).eval()
 
 
-def _cache(model, blocks=64, size=4) -> PagedKVCache:
+def _cache(model, blocks=64, size=4, kernel="auto") -> PagedKVCache:
     c = model.config
     return PagedKVCache(c.num_layers, num_blocks=blocks, block_size=size,
-                        kv_heads=c.num_kv_heads or c.num_heads, head_dim=c.head_dim)  # fmt: skip
+                        kv_heads=c.num_kv_heads or c.num_heads, head_dim=c.head_dim,
+                        kernel=kernel)  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", ["llama", "learned"])
-@pytest.mark.parametrize("size,chunk", [(1, 32), (3, 2), (16, 32), (4, 1)])
+@pytest.mark.parametrize("size,chunk,kernel", [
+    (1, 32, "chunks"), (3, 2, "chunks"), (16, 32, "chunks"), (4, 1, "chunks"),
+    (3, 0, "triton"), (16, 0, "triton"),  # the Triton kernel (interpreted without a GPU)
+])
 @torch.no_grad()
-def test_paged_prefill_and_steps_equal_no_cache(kind, size, chunk, monkeypatch):
+def test_paged_prefill_and_steps_equal_no_cache(kind, size, chunk, kernel, monkeypatch):
     """Three sequences of 7, 20 and 2 prompt tokens in pages of ``size``, attended ``chunk``
-    blocks at a time, then five steps together: each row's logits equal the model's on the
-    row's whole sequence."""
+    blocks at a time (or by the Triton kernel reading pages in place), then five steps
+    together: each row's logits equal the model's on the row's whole sequence."""
+    if kernel == "triton" and not triton_env.installed():
+        pytest.skip("triton is not installed")
     monkeypatch.setattr(paged_cache, "CHUNK_BLOCKS", chunk)
     model = _model(kind)
-    cache = _cache(model, size=size)
+    cache = _cache(model, size=size, kernel=kernel)
     seqs = [torch.randint(0, 211, (n,)).tolist() for n in (7, 20, 2)]
     tables = [cache.allocate(cache.blocks_for(len(s) + 5)) for s in seqs]
     got: list[list[torch.Tensor]] = [[] for _ in seqs]

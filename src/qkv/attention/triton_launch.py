@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from qkv.attention import triton_backward, triton_flex, triton_kernels
+from qkv.attention import triton_backward, triton_flex, triton_kernels, triton_paged
 from qkv.attention.triton_env import interpreting
 
 __all__ = ["Tiles", "backward", "flex_backward", "flex_forward", "flex_tiles", "forward",
-           "tiles"]
+           "paged_forward", "tiles"]
 
 
 @dataclass(frozen=True)
@@ -159,16 +159,8 @@ def forward(q, k, v, mask, alibi, keep, spec) -> tuple[Tensor, Tensor]:
     t = tiles("forward", G * T, max(D, Dv), q.dtype, mask is not None or alibi is not None)
     row_blocks = -(-G * T // t.block_m)
     n = _splits(q, row_blocks * B * Hkv, S, t.block_n, t.resident) if keep is None else 1
-    split_len = -(-S // n)
-    split_len = -(-split_len // t.block_n) * t.block_n
-    n = -(-S // split_len)
-    if n == 1:
-        out = torch.empty(B, H, T, Dv, dtype=q.dtype, device=q.device)
-        lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
-        o_buf, l_buf = out[None], lse[None]  # (1, B, H, T, ·)
-    else:
-        o_buf = torch.empty(n, B, H, T, Dv, dtype=torch.float32, device=q.device)
-        l_buf = torch.empty(n, B, H, T, dtype=torch.float32, device=q.device)
+    n, split_len = _split_len(S, n, t.block_n)
+    o_buf, l_buf = _split_outputs(n, (B, H, T), Dv, q)
     _launch(triton_kernels.attention_forward, (row_blocks, B * Hkv, n), (
         q, k, v, o_buf, l_buf, *extras,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_buf.stride()[1:4],
@@ -176,15 +168,64 @@ def forward(q, k, v, mask, alibi, keep, spec) -> tuple[Tensor, Tensor]:
         H, G, T, S, D, Dv, split_len, *scalars,
     ), flags | dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps,
                     num_stages=t.stages))
+    return _merged(o_buf, l_buf, q.dtype)
+
+
+def _split_len(S: int, n: int, block_n: int) -> tuple[int, int]:
+    """``(splits, keys a split)``: ``n`` splits of ``S`` keys, each a whole number of tiles."""
+    split_len = -(-S // n)  # ceil
+    split_len = -(-split_len // block_n) * block_n
+    return -(-S // split_len), split_len
+
+
+def _split_outputs(n: int, rows: tuple[int, int, int], Dv: int, q: Tensor):
+    """Where ``n`` key splits write: ``(o (n, B, H, T, Dv), lse (n, B, H, T))``, float32
+    partials for several splits, the final output (q's dtype) and lse for one."""
+    dtype = q.dtype if n == 1 else torch.float32
+    o_buf = torch.empty(n, *rows, Dv, dtype=dtype, device=q.device)
+    return o_buf, torch.empty(n, *rows, dtype=torch.float32, device=q.device)
+
+
+def _merged(o_buf: Tensor, l_buf: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``(out (B, H, T, Dv) in dtype, lse (B, H, T))`` of the splits in ``o_buf``/``l_buf``."""
+    n, rows, Dv = o_buf.shape[0], l_buf[0].numel(), o_buf.shape[-1]
     if n == 1:
-        return out, lse
-    out = torch.empty(B, H, T, Dv, dtype=q.dtype, device=q.device)
-    lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
-    rows, block = B * H * T, 16  # (a decoding step's few rows over more programs)
+        return o_buf[0], l_buf[0]
+    out = torch.empty(o_buf.shape[1:], dtype=dtype, device=o_buf.device)
+    lse = torch.empty(l_buf.shape[1:], dtype=torch.float32, device=o_buf.device)
+    block = 16  # (a decoding step's few rows over more programs)
     triton_kernels.merge_splits[(-(-rows // block),)](
         o_buf, l_buf, out, lse, n, rows, Dv, BLOCK_R=block, BLOCK_DV=_pow2(Dv), num_warps=4,
     )
     return out, lse
+
+
+def paged_forward(q: Tensor, k_pool: Tensor, v_pool: Tensor, tables: Tensor,
+                  positions: Tensor, scale: float) -> Tensor:
+    """Paged attention (:mod:`qkv.attention.triton_paged`): ``q (B, H, T, D)`` over the
+    pages of pools ``(N, Hkv, P, D|Dv)`` named by ``tables (B, W)`` (int64), each query at
+    ``positions (B, T)`` (int64) seeing its sequence's keys up to it; ``(B, H, T, Dv)``."""
+    q = _unit_last(q)
+    B, H, T, D = q.shape
+    Hkv, P, Dv = k_pool.shape[1], k_pool.shape[2], v_pool.shape[3]
+    G, W = H // Hkv, tables.shape[1]
+    S = W * P  # the tables cover every position a query of the batch sees
+    t = tiles("forward", G * T, max(D, Dv), q.dtype)
+    row_blocks = -(-G * T // t.block_m)
+    n, split_len = _split_len(S, _splits(q, row_blocks * B * Hkv, S, t.block_n, t.resident),
+                              t.block_n)
+    o_buf, l_buf = _split_outputs(n, (B, H, T), Dv, q)
+    flags = dict(PRECISION=_precision(q.dtype), BLOCK_D=_pow2(D), BLOCK_DV=_pow2(Dv),
+                 UPCAST=interpreting() and q.dtype == torch.bfloat16)
+    flags["EVEN_D"] = flags["BLOCK_D"] == D and flags["BLOCK_DV"] == Dv
+    _launch(triton_paged.paged_forward, (row_blocks, B * Hkv, n), (
+        q, k_pool, v_pool, tables.contiguous(), positions.contiguous(), o_buf, l_buf,
+        *q.stride()[:3], *k_pool.stride()[:3], *v_pool.stride()[:3], *o_buf.stride()[1:4],
+        *l_buf.stride()[1:3], o_buf.stride(0), l_buf.stride(0),
+        H, G, T, D, Dv, W, P, split_len, scale,
+    ), flags | dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps,
+                    num_stages=t.stages))
+    return _merged(o_buf, l_buf, q.dtype)[0]
 
 def _delta(out: Tensor, dout: Tensor, dlse: Tensor | None) -> Tensor:
     """``δ (B, H, T)`` float32 contiguous: ``rowsum(dO ∘ O)`` less the lse's own gradient

@@ -14,6 +14,8 @@ values into their slots and attends over the sequence's pages a chunk of blocks 
 through qkv's attention core, merging the chunks by log-sum-exp (flash-decoding over pages: no
 sequence's whole cache is gathered at once). Each query sees its sequence's positions up to
 its own (causal), so a prompt (``T > 1``) and decoding steps (``T = 1``) use the same path.
+On a GPU one Triton kernel does the same reading each page in place
+(:mod:`qkv.attention.triton_paged`; ``kernel=``).
 
 Shapes: ``B`` sequences in the batch, ``T`` new tokens each, ``H`` / ``Hkv`` heads, ``D``
 head width, ``N`` blocks, ``b`` block size.
@@ -26,11 +28,14 @@ from torch import Tensor
 
 from qkv.attention.sdpa import scaled_dot_product_attention
 from qkv.attention.weights import merge_partials
+from qkv.checks import values_unknown
 from qkv.nn.cache import KVCache, LayerKVCache
 
 __all__ = ["PagedKVCache", "PagedLayer"]
 
 CHUNK_BLOCKS = 32  # blocks attended per core call (512 positions of 16)
+_KERNELS = ("auto", "triton", "chunks")
+_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class PagedLayer(LayerKVCache):
@@ -61,6 +66,11 @@ class PagedLayer(LayerKVCache):
         block = o.tables.gather(1, pos // o.block_size)  # (B, T)
         self.k_pool[block, :, pos % o.block_size] = k.transpose(1, 2)  # (B, T, Hkv, D)
         self.v_pool[block, :, pos % o.block_size] = v.transpose(1, 2)
+        if o.fused(q):  # on a GPU: one Triton kernel reads the pages in place
+            from qkv.attention.triton_launch import paged_forward
+
+            scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+            return paged_forward(q, self.k_pool, self.v_pool, o.tables, pos, scale)
         needed = int(pos.max()) // o.block_size + 1  # blocks holding positions 0 .. max
         parts = [self._chunk(q, pos, c, min(c + CHUNK_BLOCKS, needed), scale)
                  for c in range(0, needed, CHUNK_BLOCKS)]  # fmt: skip
@@ -98,15 +108,24 @@ class PagedKVCache(KVCache):
         num_blocks, block_size: the pool: ``num_blocks`` blocks of ``block_size`` positions.
         kv_heads, head_dim: ``Hkv`` and ``D`` of the model's keys and values.
         dtype, device: of the pools.
+        kernel: how attention reads the pages: ``"auto"`` (the Triton kernel of
+            :mod:`qkv.attention.triton_paged` on CUDA tensors when triton is installed and no
+            gradient is wanted, reading each page in place; else ``"chunks"``), ``"triton"``
+            (that kernel; on CPU tensors only under ``TRITON_INTERPRET=1``) or ``"chunks"``
+            (gather 32 blocks at a time and attend through qkv's attention core).
 
     Raises:
-        ValueError: sizes that are not positive ints.
+        ValueError: sizes that are not positive ints, an unknown ``kernel``.
     """
 
     def __init__(self, num_layers: int, *, num_blocks: int, block_size: int, kv_heads: int,
                  head_dim: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None) -> None:  # fmt: skip
+                 device: torch.device | str | None = None,
+                 kernel: str = "auto") -> None:  # fmt: skip
         super().__init__(num_layers)
+        if kernel not in _KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(_KERNELS)}, got {kernel!r}")
+        self.kernel = kernel
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size),
                             ("kv_heads", kv_heads), ("head_dim", head_dim)):  # fmt: skip
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -117,6 +136,25 @@ class PagedKVCache(KVCache):
         self.free = list(range(num_blocks - 1, -1, -1))
         self.tables: Tensor | None = None  # (B, blocks) of the current batch
         self.lengths: Tensor | None = None  # (B,) positions cached before this forward
+
+    def fused(self, q: Tensor) -> bool:
+        """Whether attention over ``q (B, H, T, D)`` runs on the Triton kernel (``kernel``)."""
+        if self.kernel == "chunks":
+            return False
+        from qkv.attention.triton_env import installed, interpreting
+
+        grad = torch.is_grad_enabled() and q.requires_grad
+        usable = (installed() and not grad and q.dtype in _FUSED_DTYPES
+                  and max(q.shape[-1], self.layers[0].v_pool.shape[-1]) <= 256
+                  and not values_unknown(q))  # fmt: skip
+        if self.kernel == "auto":
+            return usable and q.device.type == "cuda"
+        if not usable or (q.device.type == "cpu" and not interpreting()):
+            raise ValueError(
+                "PagedKVCache(kernel='triton') needs triton, float32/bfloat16/float16 queries "
+                "with no gradient wanted, head widths up to 256, and CUDA tensors (CPU ones "
+                f"only under TRITON_INTERPRET=1); got {q.dtype} on {q.device}")
+        return True
 
     def blocks_for(self, tokens: int) -> int:
         """Blocks that hold ``tokens`` positions."""
