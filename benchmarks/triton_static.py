@@ -3,7 +3,8 @@
     python -m benchmarks.triton_static [--arch 90] [--sms 132] [--cases decode,flex] [--json F]
 
 Runs qkv's launch code for the GPU benchmark's shapes (benchmarks/gpu.py: B=4, H=16, D=128,
-bfloat16) on CPU tensors, compiles every launch with Triton's own JIT for ``sm_<arch>`` and
+bfloat16; decoding H=32 over Hkv=8; paged decoding 8 sequences of 4096 positions in pages of
+16) on CPU tensors, compiles every launch with Triton's own JIT for ``sm_<arch>`` and
 prints, per kernel: tiles, warps, stages, registers, spilled bytes, shared memory, whether the
 loads are pipelined, programs per multiprocessor and the grid. Nothing is timed: see
 :mod:`qkv.bench.triton_static`. Needs triton; TRITON_INTERPRET must be unset.
@@ -59,6 +60,17 @@ def _document(bwd, T=16384, docs=8):
     return call
 
 
+def _paged(B=8, S=4096, page=16):
+    from qkv.attention import triton_launch as L
+
+    def call():
+        q = torch.empty(B, 32, 1, D, dtype=BF16)
+        k_pool, v_pool = (torch.empty(B * S // page, 8, page, D, dtype=BF16) for _ in range(2))
+        tables = torch.arange(B * S // page).reshape(B, S // page)
+        L.paged_forward(q, k_pool, v_pool, tables, torch.full((B, 1), S - 1), D ** -0.5)
+    return call
+
+
 CASES = {
     "dense": lambda: _dense(4096, False, True),
     "causal": lambda: _dense(4096, True, True),
@@ -66,6 +78,7 @@ CASES = {
     "window": lambda: _dense(4096, True, False, window=1024),
     "decode": lambda: _dense(1, False, False, Hq=32, Hkv=8, S=32768),
     "flex": lambda: _document(True),
+    "paged": _paged,
 }
 
 

@@ -283,7 +283,8 @@ def test_kernels_compile_for_hopper_and_ampere_without_a_gpu():
 @pytest.mark.skipif(bool(os.environ.get("ATEN_CPU_CAPABILITY")),
                     reason="compiling does not depend on the CPU's kernels: the first pass did it")
 def test_dense_and_decoding_launches_compile_well_for_a_gpu_without_one():
-    """The dense forward and backward and a decoding step, compiled as launched on Hopper
+    """The dense forward and backward, a decoding step and a paged one, compiled as launched
+    on Hopper
     (Triton's own argument specialisation): loads pipelined, at most 256 bytes a thread
     spilled; the decoding step's split kernel spills nothing and as many programs fit on a
     multiprocessor as its key splits are counted for."""
@@ -294,4 +295,5 @@ def test_dense_and_decoding_launches_compile_well_for_a_gpu_without_one():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "ok sm_90 decode attention_forward grid (1, 32, 12)" in done.stdout, done.stdout
-    assert done.stdout.count("ok sm_90") == 10, done.stdout
+    assert done.stdout.count("ok sm_90") == 12, done.stdout
+    assert "ok sm_90 paged paged_forward" in done.stdout, done.stdout

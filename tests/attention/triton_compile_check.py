@@ -104,9 +104,9 @@ def _flex_calls():
 
 
 def _dense_calls():
-    """``(label, call)``: the dense forward and backward (T = S = 4096, plain and causal) and a
-    decoding step (one query, H = 32 over Hkv = 8, S = 32768) as qkv launches them, bf16,
-    D = 128."""
+    """``(label, call)``: the dense forward and backward (T = S = 4096, plain and causal), a
+    decoding step (one query, H = 32 over Hkv = 8, S = 32768) and a paged decoding step (8
+    sequences of 4096 positions in pages of 16) as qkv launches them, bf16, D = 128."""
     import torch
 
     from qkv.attention import triton_launch as L
@@ -123,8 +123,19 @@ def _dense_calls():
         k, v = (torch.empty(4, 8, 32768, 128, dtype=torch.bfloat16) for _ in range(2))
         L.forward(q, k, v, None, None, None, _Spec(128 ** -0.5, None, None, 0, 0.0))
 
+    def paged():  # a decoding step over pages of 16: 8 sequences, 4096 positions each
+        from qkv.nn.paged_cache import PagedKVCache
+
+        cache = PagedKVCache(1, num_blocks=8 * 256, block_size=16, kv_heads=8, head_dim=128,
+                             dtype=torch.bfloat16, kernel="chunks")
+        tables = torch.arange(8 * 256).reshape(8, 256)
+        positions = torch.full((8, 1), 4095)
+        q = torch.empty(8, 32, 1, 128, dtype=torch.bfloat16)
+        layer = cache.layers[0]
+        L.paged_forward(q, layer.k_pool, layer.v_pool, tables, positions, 128 ** -0.5)
+
     return [("dense", lambda: dense(False)), ("causal", lambda: dense(True)),
-            ("decode", decode)]
+            ("decode", decode), ("paged", paged)]
 
 
 def _launched() -> list[str]:
@@ -143,8 +154,9 @@ def _launched() -> list[str]:
                     f"{c.spill_bytes} bytes spilled, {c.programs_per_sm()} programs a "
                     f"multiprocessor, pipelined {c.pipelined}")
             bad = c.kernel != "merge_splits" and (c.spill_bytes > 256 or not c.pipelined)
-            if label == "decode" and c.kernel == "attention_forward":
-                t = triton_launch.tiles("forward", 4, 128, torch.bfloat16)
+            if label in ("decode", "paged") and c.kernel != "merge_splits":
+                t = triton_launch.tiles("forward" if label == "decode" else label, 4, 128,
+                                        torch.bfloat16)
                 bad = bad or c.spill_bytes > 0 or c.programs_per_sm() < t.resident
             if bad:
                 raise AssertionError(line)

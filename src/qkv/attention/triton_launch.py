@@ -38,9 +38,9 @@ def _pow2(n: int) -> int:
 
 
 def tiles(kind: str, rows: int, width: int, dtype: torch.dtype, extras: bool = False) -> Tiles:
-    """Tiles for ``kind`` (``"forward"`` or ``"backward"``) of ``rows`` packed query rows and
-    head width ``width`` (the larger of ``D`` and ``Dv``, padded to a power of two); ``extras``:
-    the kernel also reads a mask or ALiBi slopes each tile.
+    """Tiles for ``kind`` (``"forward"``, ``"backward"`` or ``"paged"``) of ``rows`` packed
+    query rows and head width ``width`` (the larger of ``D`` and ``Dv``, padded to a power of
+    two); ``extras``: the kernel also reads a mask or ALiBi slopes each tile.
 
     Interpreted (CPU) runs take 16×16 tiles, so small test shapes still cross tiles. On a GPU,
     wider heads and float32 (twice the bytes a tile) take smaller tiles to fit shared memory.
@@ -49,6 +49,13 @@ def tiles(kind: str, rows: int, width: int, dtype: torch.dtype, extras: bool = F
         return Tiles(16, 16, 1, 1)
     width = _pow2(width)
     wide = width > 128 or dtype == torch.float32
+    if kind == "paged":
+        # Each key row's address comes from its page: more registers than a dense tile
+        # (sm_90, a decoding step: 64 keys, 4 warps and 3 stages took 175 registers, 2
+        # programs a multiprocessor; 2 stages 158, 3 programs; benchmarks/triton_static.py).
+        if rows <= 16:
+            return Tiles(_pow2(rows), 32 if wide else 64, 4, 2, 3)
+        return Tiles(64, 32 if wide else 64, 4, 2)
     if kind == "forward":
         # Measured on an H200 (benchmarks/triton_tiles.py, bf16, D = 128, T = 4096, the
         # edge/inner kernels): 128×128 tiles with 8 warps 1.15 ms, 128×64/8 1.25, 64×64/4 1.27.
@@ -210,7 +217,7 @@ def paged_forward(q: Tensor, k_pool: Tensor, v_pool: Tensor, tables: Tensor,
     Hkv, P, Dv = k_pool.shape[1], k_pool.shape[2], v_pool.shape[3]
     G, W = H // Hkv, tables.shape[1]
     S = W * P  # the tables cover every position a query of the batch sees
-    t = tiles("forward", G * T, max(D, Dv), q.dtype)
+    t = tiles("paged", G * T, max(D, Dv), q.dtype)
     row_blocks = -(-G * T // t.block_m)
     n, split_len = _split_len(S, _splits(q, row_blocks * B * Hkv, S, t.block_n, t.resident),
                               t.block_n)

@@ -326,7 +326,9 @@ def _print(rec: dict) -> None:
         print(line + (f"  err {errs[n]:.2e}" if isinstance(errs.get(n), float) else ""))
 
 
-def main(argv=None) -> int:
+def main(argv=None, extra_cases=None) -> int:
+    """The command line; ``extra_cases(quick)``: more cases (as :func:`cases` gives them) that
+    need more of qkv than this package's layer sees (benchmarks/gpu.py adds paged decoding)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--quick", action="store_true", help="tiny sizes (CPU dry run)")
@@ -359,7 +361,7 @@ def main(argv=None) -> int:
     groups = set(a.groups.split(",")) if a.groups else None
     records, t0 = [], time.perf_counter()
     try:
-        for case in cases(a.quick):
+        for case in cases(a.quick) + (extra_cases(a.quick) if extra_cases else []):
             if groups and case["group"] not in groups:
                 continue
             if a.max_seconds is not None and time.perf_counter() - t0 > a.max_seconds:
