@@ -164,69 +164,6 @@ def _launched() -> list[str]:
     return labels
 
 
-def _flex_calls():
-    """``(label, call)``: flex forward and backward on the GPU's tiles, bf16, D = 128: a
-    document mask (full blocks only), causal with ALiBi, soft-cap and T5's relative bias
-    (partial blocks, a score mod in the kernel)."""
-    import torch
-
-    import qkv
-    from qkv.attention import flex_triton
-    from qkv.attention import triton_launch as L
-    from qkv.attention.score_mods import alibi, relative_bias, soft_cap
-
-    T, D = 1024, 128
-    doc = torch.arange(T) // 256
-    masks = {"document": (lambda b, h, i, j: doc[i] == doc[j], None),
-             "causal alibi": (lambda b, h, i, j: j <= i, alibi(torch.ones(4))),
-             "causal softcap": (lambda b, h, i, j: j <= i, soft_cap(30.0)),
-             "causal relative": (lambda b, h, i, j: j <= i,
-                                 relative_bias(torch.zeros(32, 4), 32, 128, False))}
-    for label, (mask_mod, score_mod) in masks.items():
-        def call(mask_mod=mask_mod, score_mod=score_mod):
-            bm = qkv.create_block_mask(mask_mod, None, None, T, T)
-            q, k, v = (torch.empty(1, 4, T, D, dtype=torch.bfloat16) for _ in range(3))
-            tab, mod = flex_triton.tables(bm, q.device), flex_triton.score_mod_params(
-                score_mod, q, T)
-            out, lse = L.flex_forward(q, k, v, tab, bm, D ** -0.5, mod)
-            L.flex_backward(q, k, v, out, lse, torch.empty_like(out), None, tab, bm,
-                            D ** -0.5, mod)
-        yield label, call
-
-
-def _decode_call():
-    """A decoding step as qkv launches it: one query, H = 32 over Hkv = 8, S = 32768, bf16."""
-    import torch
-
-    from qkv.attention import triton_launch as L
-    from qkv.attention.backends.triton_kernel import _Spec
-
-    q = torch.empty(4, 32, 1, 128, dtype=torch.bfloat16)
-    k, v = (torch.empty(4, 8, 32768, 128, dtype=torch.bfloat16) for _ in range(2))
-    L.forward(q, k, v, None, None, None, _Spec(128 ** -0.5, None, None, 0, 0.0))
-
-
-def _decode() -> list[str]:
-    """Compile a decoding step's launches for Hopper: the split kernel must pipeline, spill
-    nothing, and leave room for at least the programs a multiprocessor is counted to hold."""
-    import torch
-
-    from qkv.attention import triton_launch
-    from qkv.bench.triton_static import compiled_launches
-
-    labels = []
-    for c in compiled_launches(_decode_call, arch=90):
-        line = (f"sm_90 decode {c.kernel} grid {c.grid}: {c.registers} registers, "
-                f"{c.spill_bytes} bytes spilled, {c.programs_per_sm()} programs a "
-                f"multiprocessor, pipelined {c.pipelined}")
-        if c.kernel == "attention_forward":
-            t = triton_launch.tiles("forward", 4, 128, torch.bfloat16)
-            if c.spill_bytes or not c.pipelined or c.programs_per_sm() < t.resident:
-                raise AssertionError(line)
-        labels.append(line)
-    return labels
-
-
 def _flex() -> list[str]:
     """Compile the three block-sparse flex kernels as qkv launches them on an H100/H200
     (Triton's own JIT and argument specialisation, a stand-in driver); each must pipeline its

@@ -32,7 +32,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from qkv.attention.triton_kernels import finish_rows, load_tile, matmul, poisoned_rows
+from qkv.attention.triton_kernels import (
+    finish_rows,
+    load_tile,
+    matmul,
+    poisoned_rows,
+    softmax_step,
+)
 
 
 @triton.jit
@@ -137,13 +143,7 @@ def _forward_step(q, K, V, m, l, acc, i, rows_ok, kt, keep_at, mod_at, sks, svs,
     _, v, s, _ = _key_tile(q, K, V, i, rows_ok, kt, keep_at, mod_at, sks, svs, S, D, DV,
                            d, dv, offset, cap, scale, SCORE_MOD, PRECISION, UPCAST, EVEN_D,
                            BLOCK_M, BLOCK_N, SPARSE_N, MASKED)
-    m_new = tl.maximum(m, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(s - m_safe[:, None])
-    alpha = tl.math.exp2(m - m_safe)
-    l = l * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + matmul(p.to(v.dtype), v, PRECISION, UPCAST)
-    return m_new, l, acc
+    return softmax_step(m, l, acc, s, v, PRECISION, UPCAST)
 
 
 @triton.jit

@@ -188,6 +188,19 @@ def key_tile(
 
 
 @triton.jit
+def softmax_step(m, l, acc, s, v, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """One key tile of the online softmax: base-2 scores ``s (BM, BN)`` and values
+    ``v (BN, Dv)`` into the running ``(m, l, acc)``; the updated three."""
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # dead so far: exps give 0
+    p = tl.math.exp2(s - m_safe[:, None])
+    alpha = tl.math.exp2(m - m_safe)
+    l = l * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + matmul(p.to(v.dtype), v, PRECISION, UPCAST)
+    return m_new, l, acc
+
+
+@triton.jit
 def _forward_span(
     acc, l, m, q, K_at, V_at, start, end, cols_end, b, h, i, rows_ok, M, SLOPES, KEEP,
     sks, svs, smb, smh, smt, sms, H, T, S, D, DV, scale, causal, window, alibi_shift,

@@ -20,7 +20,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from qkv.attention.triton_kernels import finish_rows, matmul, packed_rows, poisoned_rows
+from qkv.attention.triton_kernels import (
+    finish_rows,
+    matmul,
+    packed_rows,
+    poisoned_rows,
+    softmax_step,
+)
 
 
 @triton.jit
@@ -72,13 +78,7 @@ def paged_forward(
         v = _page_rows(V_POOL, TABLE, b, hkv, j, ok, W, P, svn, svh, svt, dv, DV, EVEN_D)
         s = matmul(q, tl.trans(k), PRECISION, UPCAST) * scale
         s = tl.where(j[None, :] <= pos[:, None], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m - m_safe)
-        l = l * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + matmul(p.to(v.dtype), v, PRECISION, UPCAST)
-        m = m_new
+        m, l, acc = softmax_step(m, l, acc, s, v, PRECISION, UPCAST)
     out, lse = finish_rows(acc, l, m, poisoned)
     o_at = (O + split * so_split + b * sob + h[:, None] * soh + t[:, None].to(tl.int64) * sot
             + dv[None, :])
