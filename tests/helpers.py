@@ -107,3 +107,20 @@ def skip_if_refused(backend: str, *args, **kwargs) -> None:
         if "cannot honour this call" not in str(e):
             raise  # an invalid call, not a refusal: the test must see it
         pytest.skip(str(e))
+
+
+def run_compile_check(*args: str) -> str:
+    """Run tests/attention/triton_compile_check.py (Triton compiling for GPUs this machine
+    may lack; TRITON_INTERPRET unset, as it must be before triton is imported) with ``args``;
+    its output, after asserting it succeeded."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent / "attention" / "triton_compile_check.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    done = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout

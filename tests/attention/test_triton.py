@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import qkv
-from helpers import DEVICE, assert_close, assert_lse_and_grads_close, max_error
+from helpers import (
+    DEVICE,
+    assert_close,
+    assert_lse_and_grads_close,
+    max_error,
+    run_compile_check,
+)
 from qkv.attention import triton_env
 from qkv.reference.attention import attention, attention_backward
 
@@ -271,13 +274,8 @@ def test_kernels_compile_for_hopper_and_ampere_without_a_gpu():
     """The interpreter never compiles: Triton's compiler, run here down to the GPU's code,
     catches what only it sees (the first GPU run found one: a ``None`` returned from a
     helper)."""
-    script = Path(__file__).with_name("triton_compile_check.py")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.stdout.count("ok sm_90") == 10 and done.stdout.count("ok sm_80") == 3
+    out = run_compile_check()
+    assert out.count("ok sm_90") == 10 and out.count("ok sm_80") == 3, out
 
 
 @pytest.mark.skipif(bool(os.environ.get("ATEN_CPU_CAPABILITY")),
@@ -288,12 +286,6 @@ def test_dense_and_decoding_launches_compile_well_for_a_gpu_without_one():
     (Triton's own argument specialisation): loads pipelined, at most 256 bytes a thread
     spilled; the decoding step's split kernel spills nothing and as many programs fit on a
     multiprocessor as its key splits are counted for."""
-    script = Path(__file__).with_name("triton_compile_check.py")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    done = subprocess.run([sys.executable, str(script), "--launched"], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "ok sm_90 decode attention_forward grid (1, 32, 12)" in done.stdout, done.stdout
-    assert done.stdout.count("ok sm_90") == 12, done.stdout
-    assert "ok sm_90 paged paged_forward" in done.stdout, done.stdout
+    out = run_compile_check("--launched")
+    assert "ok sm_90 decode attention_forward grid (1, 32, 12)" in out, out
+    assert out.count("ok sm_90") == 12 and "ok sm_90 paged paged_forward" in out, out

@@ -10,15 +10,18 @@ float64 truth; half precision within twice the tile loop's own error plus one ro
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import qkv
-from helpers import DEVICE, assert_close, assert_lse_and_grads_close, max_error
+from helpers import (
+    DEVICE,
+    assert_close,
+    assert_lse_and_grads_close,
+    max_error,
+    run_compile_check,
+)
 from qkv.attention import flex_triton, triton_env
 from qkv.attention.errors import AttentionArgumentError
 from qkv.attention.flex import flex_path
@@ -210,13 +213,8 @@ def test_path_says_which_kernel_runs_and_why(monkeypatch):
 def test_flex_kernels_compile_for_hopper_without_a_gpu():
     """Forward, dQ and dK/dV for four masks and mods, compiled as launched on Hopper: loads
     pipelined, at most 256 bytes a thread spilled."""
-    script = Path(__file__).with_name("triton_compile_check.py")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    done = subprocess.run([sys.executable, str(script), "--flex"], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.stdout.count("ok sm_90 flex") == 12, done.stdout
+    out = run_compile_check("--flex")
+    assert out.count("ok sm_90 flex") == 12, out
 
 
 @pytest.mark.parametrize("mod", ["alibi", "relative"])
