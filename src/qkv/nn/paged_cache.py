@@ -52,8 +52,9 @@ class PagedLayer(LayerKVCache):
 
     @property
     def length(self) -> int:
-        lengths = self.owner.lengths
-        return 0 if lengths is None else int(lengths.max())
+        """The longest cached sequence of the batch (read from the host's copy: no device
+        read, which on a GPU would wait for the step before)."""
+        return self.owner.longest
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor:
         """Store ``k, v (B, Hkv, T, D)`` at the batch's next positions, then attend ``q (B, H,
@@ -136,6 +137,7 @@ class PagedKVCache(KVCache):
         self.free = list(range(num_blocks - 1, -1, -1))
         self.tables: Tensor | None = None  # (B, blocks) of the current batch
         self.lengths: Tensor | None = None  # (B,) positions cached before this forward
+        self.longest = 0  # their largest, on the host
 
     def fused(self, q: Tensor) -> bool:
         """Whether attention over ``q (B, H, T, D)`` runs on the Triton kernel (``kernel``)."""
@@ -182,3 +184,4 @@ class PagedKVCache(KVCache):
         self.tables = torch.tensor([t + [t[0]] * (width - len(t)) for t in tables],
                                    device=device)  # (B, blocks), padded with a real id
         self.lengths = torch.tensor(lengths, device=device)  # (B,)
+        self.longest = max(lengths)
