@@ -75,8 +75,8 @@ def _merge(target) -> str:
 
 def _flex_calls():
     """``(label, call)``: flex forward and backward on the GPU's tiles, bf16, D = 128: a
-    document mask (full blocks only), causal with ALiBi, soft-cap and T5's relative bias
-    (partial blocks, a score mod in the kernel)."""
+    document mask (full blocks only), causal with ALiBi, soft-cap and T5's relative bias,
+    fixed and learned (partial blocks, a score mod in the kernel)."""
     import torch
 
     import qkv
@@ -90,16 +90,20 @@ def _flex_calls():
              "causal alibi": (lambda b, h, i, j: j <= i, alibi(torch.ones(4))),
              "causal softcap": (lambda b, h, i, j: j <= i, soft_cap(30.0)),
              "causal relative": (lambda b, h, i, j: j <= i,
-                                 relative_bias(torch.zeros(32, 4), 32, 128, False))}
+                                 relative_bias(torch.zeros(32, 4), 32, 128, False)),
+             "causal learned relative": (lambda b, h, i, j: j <= i, relative_bias(
+                 torch.zeros(32, 4, requires_grad=True), 32, 128, False))}
     for label, (mask_mod, score_mod) in masks.items():
-        def call(mask_mod=mask_mod, score_mod=score_mod):
+        learned = "learned" in label
+
+        def call(mask_mod=mask_mod, score_mod=score_mod, learned=learned):
             bm = qkv.create_block_mask(mask_mod, None, None, T, T)
             q, k, v = (torch.empty(1, 4, T, D, dtype=torch.bfloat16) for _ in range(3))
             tab, mod = flex_triton.tables(bm, q.device), flex_triton.score_mod_params(
                 score_mod, q, T)
             out, lse = L.flex_forward(q, k, v, tab, bm, D ** -0.5, mod)
             L.flex_backward(q, k, v, out, lse, torch.empty_like(out), None, tab, bm,
-                            D ** -0.5, mod)
+                            D ** -0.5, mod, grad_mod=learned)
         yield label, call
 
 

@@ -3,9 +3,10 @@
 autograd function that runs it.
 
 It serves a call with a block mask and no ``score_mod``, or one of the ready score mods that
-carry ``kernel_params`` (ALiBi with fixed slopes, soft-capping, T5's relative bias with a
-fixed table: computed inside the kernel); any other Python ``score_mod`` cannot run inside a
-Triton kernel, and such calls keep the tile loop of :mod:`qkv.attention.flex`. It runs on CUDA
+carry ``kernel_params`` (ALiBi, soft-capping, T5's relative bias: computed inside the
+kernel, learned slopes and tables getting their gradient from the ``dQ`` kernel); any other
+Python ``score_mod`` cannot run inside a Triton kernel, and such calls keep the tile loop of
+:mod:`qkv.attention.flex`. It runs on CUDA
 tensors in float32, bfloat16 and float16 (on CPU tensors only under ``TRITON_INTERPRET=1``,
 when asked for with ``kernel_options={"backend": "triton"}``), with power-of-two block sizes
 from 16 to 128 and head widths up to 256.
@@ -20,7 +21,7 @@ only, as ``(P, bq, bk)`` keep tiles (one row of tiles at a time, as
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -49,10 +50,6 @@ def why_not(query: Tensor, value: Tensor, score_mod, block_mask: BlockMask | Non
     params = getattr(score_mod, "kernel_params", None)
     if score_mod is not None and params is None:
         return "a Python score_mod runs on the tile loop, not inside a Triton kernel"
-    if params is not None and params[0] == "alibi" and params[1].requires_grad:
-        return "learned ALiBi slopes get their gradient on the tile loop"
-    if params is not None and params[0] == "relative" and params[1].requires_grad:
-        return "a learned relative bias table gets its gradient on the tile loop"
     if block_mask is None:
         return "no block mask (qkv.scaled_dot_product_attention serves unmasked calls)"
     if query.dtype not in _DTYPES:
@@ -152,7 +149,7 @@ def score_mod_params(score_mod, query: Tensor, S: int) -> ScoreMod:
     H, T = query.shape[1], query.shape[2]
     if params[0] == "softcap":
         return ScoreMod(2, cap=float(params[1]))
-    values = params[1].detach()
+    values = params[1]  # learned ones get their gradient through ScoreMod.data
     what = {"alibi": "alibi slopes", "relative": "relative_bias table"}[params[0]]
     if values.shape[-1] != H:
         raise AttentionArgumentError(
@@ -171,18 +168,23 @@ def attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float,
     """``(out (B, H, T, Dv), lse (B, H, T) float32)``, differentiable in q, k, v (and lse)."""
     tab = tables(block_mask, q.device)
     mod = score_mod_params(score_mod, q, k.shape[2])
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        return _FlexFunction.apply(q, k, v, tab, block_mask, scale, mod)
+    data = mod.data if mod.data is not None else q.new_empty(0)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, data)):
+        return _FlexFunction.apply(q, k, v, data, tab, block_mask, scale, mod)
     from qkv.attention.triton_launch import flex_forward as forward
 
     return forward(q, k, v, tab, block_mask, scale, mod)
 
 
 class _FlexFunction(torch.autograd.Function):
+    """The Triton flex call, differentiable in q, k, v and the score mod's data (learned
+    ALiBi slopes, a learned relative bias: their gradient comes out of the ``dQ`` kernel)."""
+
     @staticmethod
-    def forward(ctx, q, k, v, tab, block_mask, scale, mod):
+    def forward(ctx, q, k, v, data, tab, block_mask, scale, mod):
         from qkv.attention.triton_launch import flex_forward as forward
 
+        mod = replace(mod, data=None if mod.data is None else data.detach())
         out, lse = forward(q, k, v, tab, block_mask, scale, mod)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (tab, block_mask, scale, mod)
@@ -196,5 +198,7 @@ class _FlexFunction(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = backward(q, k, v, out, safe_lse(lse), dout, dlse, *ctx.args)
-        return dq, dk, dv, None, None, None, None
+        grad_mod = ctx.needs_input_grad[3] and ctx.args[3].kind in (1, 3)
+        dq, dk, dv, dmod = backward(q, k, v, out, safe_lse(lse), dout, dlse, *ctx.args,
+                                    grad_mod=grad_mod)
+        return dq, dk, dv, dmod, None, None, None, None

@@ -15,12 +15,13 @@ fewer registers a tile), one flat loop over (block, tile within it). The tables 
 shared by every batch row or head (a block mask built with ``B`` or ``H`` None):
 ``BB``/``HB`` are 1 when they vary over it, 0 when not, and ``HT`` is the tables' head count.
 
-Three ready score mods run inside the kernels (``SCORE_MOD``): ALiBi with fixed slopes
+Three ready score mods run inside the kernels (``SCORE_MOD``): ALiBi
 (:func:`qkv.attention.score_mods.alibi`, 1), soft-capping
-(:func:`qkv.attention.score_mods.soft_cap`, 2) and T5's relative bias with a fixed table
+(:func:`qkv.attention.score_mods.soft_cap`, 2) and T5's relative bias
 (:func:`qkv.attention.score_mods.relative_bias`, 3: read as a bias by head and distance,
 ``MOD_DATA (H, T + S - 1)``, built from the table and its buckets once per call, so the
-buckets are torch's own); any other ``score_mod`` keeps the tile loop.
+buckets are torch's own); any other ``score_mod`` keeps the tile loop. Learned slopes and
+tables get their gradient from the ``dQ`` kernel (``GRAD_MOD``, into ``DMOD_DATA``).
 
 Shapes: ``q (B, H, T, D)``, ``k (B, Hkv, S, D)``, ``v (B, Hkv, S, Dv)``; ``lse (B, H, T)``
 float32 natural log; ``dQ``, ``dK``, ``dV`` contiguous. Scores in base 2 inside, as in
@@ -196,12 +197,13 @@ def flex_forward(
 
 
 @triton.jit
-def _dq_step(dq, q, do, lse, delta, K, V, i, rows_ok, kt, keep_at, mod_at, sks, svs, S,
-             D, DV, d, dv, offset, cap, scale, SCORE_MOD: tl.constexpr,
-             PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr,
-             MASKED: tl.constexpr):
-    """``dq`` plus key tile ``kt``'s share."""
+def _dq_step(dq, q, do, lse, delta, K, V, i, rows_ok, kt, keep_at, mod_at, dmod_at, sks,
+             svs, S, D, DV, d, dv, offset, cap, scale, SCORE_MOD: tl.constexpr,
+             GRAD_MOD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+             EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             SPARSE_N: tl.constexpr, MASKED: tl.constexpr):
+    """``dq`` plus key tile ``kt``'s share; with ``GRAD_MOD``, the tile's share of the score
+    mod's gradient added at ``dmod_at`` (:func:`_mod_grad`)."""
     k, v, s, dmod = _key_tile(q, K, V, i, rows_ok, kt, keep_at, mod_at, sks, svs, S, D,
                               DV, d, dv, offset, cap, scale, SCORE_MOD, PRECISION, UPCAST,
                               EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, MASKED)
@@ -209,7 +211,25 @@ def _dq_step(dq, q, do, lse, delta, K, V, i, rows_ok, kt, keep_at, mod_at, sks, 
     ds = p * (matmul(do, tl.trans(v), PRECISION, UPCAST) - delta[:, None])
     if SCORE_MOD == 2:
         ds = ds * dmod  # through the soft-cap
+    if GRAD_MOD:
+        _mod_grad(ds, dmod_at, i, kt * BLOCK_N + tl.arange(0, BLOCK_N), rows_ok, S, offset,
+                  SCORE_MOD)
     return dq + matmul(ds.to(k.dtype), k, PRECISION, UPCAST)
+
+
+@triton.jit
+def _mod_grad(ds, dmod_at, i, j, rows_ok, S, offset, SCORE_MOD: tl.constexpr):
+    """Add a tile's share of the score mod's gradient, from ``ds`` (the loss's gradient in
+    the scores after the mod): ALiBi's slope, ``-Σ ds·|i + offset - j|`` (one atomic add a
+    tile); the relative bias of each distance, ``Σ ds`` over the pairs at ``j - i`` (an
+    atomic add per pair). Every visited pair is in exactly one ``dQ`` tile, so each is
+    counted once."""
+    if SCORE_MOD == 1:
+        distance = tl.abs(i[:, None] + offset - j[None, :]).to(tl.float32)
+        tl.atomic_add(dmod_at, -tl.sum(tl.sum(ds * distance, 1), 0))
+    if SCORE_MOD == 3:
+        ok = rows_ok[:, None] & (j[None, :] < S)
+        tl.atomic_add(dmod_at + (j[None, :] - i[:, None]), ds, mask=ok)
 
 
 @triton.jit
@@ -268,14 +288,16 @@ def _dkdv_step(dk, dvacc, k, v, Q, DO, LSE, DELTA, h, j, cols_ok, qt, keep_at, m
 
 @triton.jit
 def flex_backward_dq(
-    Q, K, V, DO, LSE, DELTA, DQ, KV_COUNT, KV_PART, KV_IDX, SLOT, KEEP, MOD_DATA,
+    Q, K, V, DO, LSE, DELTA, DQ, KV_COUNT, KV_PART, KV_IDX, SLOT, KEEP, MOD_DATA, DMOD_DATA,
     sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, sdb, sdh, sdt,
     H, G, T, S, D, DV, nQ, nK, BB, HB, HT, scale, offset, cap,
-    SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
-    SPARSE_M: tl.constexpr, SPARSE_N: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    SCORE_MOD: tl.constexpr, GRAD_MOD: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, EVEN_D: tl.constexpr, SPARSE_M: tl.constexpr,
+    SPARSE_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
-    """``dQ`` of one query tile (``LSE`` is ``+inf`` on dead rows)."""
+    """``dQ`` of one query tile (``LSE`` is ``+inf`` on dead rows); with ``GRAD_MOD`` also
+    the score mod's gradient, added into ``DMOD_DATA`` (``MOD_DATA``'s shape, zeros)."""
     SUBS: tl.constexpr = SPARSE_N // BLOCK_N
     qt = tl.program_id(0)
     qb = qt // (SPARSE_M // BLOCK_M)
@@ -293,6 +315,7 @@ def flex_backward_dq(
     lse = tl.load(LSE + at, mask=rows_ok, other=float("inf")) * 1.4426950408889634
     delta = tl.load(DELTA + at, mask=rows_ok, other=0.0)
     mod_at = _mod_row(MOD_DATA, h, T, S, SCORE_MOD)
+    dmod_at = _mod_row(DMOD_DATA, h, T, S, SCORE_MOD)
     row = ((b * BB) * HT + h * HB) * nQ + qb
     K += b * skb + hkv * skh
     V += b * svb + hkv * svh
@@ -302,14 +325,14 @@ def flex_backward_dq(
         kt, keep_at = _visited(KV_IDX, SLOT, KEEP, row * nK, n, row * nK, 1, r0, SPARSE_M,
                                SPARSE_N, SUBS, True, True)
         dq = _dq_step(dq, q, do, lse, delta, K, V, i, rows_ok, kt, keep_at, mod_at,
-                      sks, svs, S, D, DV, d, dv, offset, cap, scale, SCORE_MOD, PRECISION,
-                      UPCAST, EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, True)
+                      dmod_at, sks, svs, S, D, DV, d, dv, offset, cap, scale, SCORE_MOD,
+                      GRAD_MOD, PRECISION, UPCAST, EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, True)
     for n in range(part, tl.load(KV_COUNT + row) * SUBS):
         kt, keep_at = _visited(KV_IDX, SLOT, KEEP, row * nK, n, row * nK, 1, r0, SPARSE_M,
                                SPARSE_N, SUBS, True, False)
         dq = _dq_step(dq, q, do, lse, delta, K, V, i, rows_ok, kt, keep_at, mod_at,
-                      sks, svs, S, D, DV, d, dv, offset, cap, scale, SCORE_MOD, PRECISION,
-                      UPCAST, EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, False)
+                      dmod_at, sks, svs, S, D, DV, d, dv, offset, cap, scale, SCORE_MOD,
+                      GRAD_MOD, PRECISION, UPCAST, EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, False)
     tl.store(DQ + at[:, None] * D + d[None, :], (dq * scale).to(DQ.dtype.element_ty),
              mask=rows_ok[:, None] & (d[None, :] < D))
 

@@ -326,8 +326,10 @@ def flex_forward(q, k, v, tab, block_mask, scale, mod) -> tuple[Tensor, Tensor]:
     return out, lse
 
 
-def flex_backward(q, k, v, out, lse_safe, dout, dlse, tab, block_mask, scale, mod):
-    """``(dq, dk, dv)`` of the block-sparse flex call (``lse_safe``: ``+inf`` on dead rows)."""
+def flex_backward(q, k, v, out, lse_safe, dout, dlse, tab, block_mask, scale, mod,
+                  grad_mod: bool = False):
+    """``(dq, dk, dv, d mod.data)`` of the block-sparse flex call (``lse_safe``: ``+inf`` on
+    dead rows); the last None unless ``grad_mod`` (learned ALiBi slopes or relative bias)."""
     q, k, v, dout = (_unit_last(t) for t in (q, k, v, dout))
     B, H, T, D = q.shape
     delta, lse_safe = _delta(out, dout, dlse), lse_safe.float().contiguous()
@@ -342,7 +344,9 @@ def flex_backward(q, k, v, out, lse_safe, dout, dlse, tab, block_mask, scale, mo
         tab.keep, slopes, *strides, *sizes, scale, *mod_args), options)
     sizes, slopes, mod_args, options = _flex_args(q, k, v, tab, block_mask, mod, "dq")
     tiles_m = tab.slot.shape[2] * (options["SPARSE_M"] // options["BLOCK_M"])
+    dmod = torch.zeros_like(mod.data, dtype=torch.float32) if grad_mod else None
     _launch(triton_flex.flex_backward_dq, (tiles_m, B * H), (
         q, k, v, dout, lse_safe, delta, dq, tab.kv_count, tab.kv_part, tab.kv_idx, tab.slot,
-        tab.keep, slopes, *strides, *sizes, scale, *mod_args), options)
-    return dq, dk, dv
+        tab.keep, slopes, slopes if dmod is None else dmod, *strides, *sizes, scale,
+        *mod_args), options | {"GRAD_MOD": grad_mod})
+    return dq, dk, dv, dmod
