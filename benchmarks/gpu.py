@@ -1,7 +1,7 @@
 """GPU benchmark suite: qkv's ``triton`` backend against ``auto`` and torch's kernels.
 
     python benchmarks/gpu.py [--device cuda|cpu] [--quick] [--out PATH] [--max-seconds N]
-                             [--groups dense,decode,paged,alibi,window,document,weights]
+                             [--groups dense,decode,paged,alibi,window,document,relative,weights]
 
 CPU dry run (tiny sizes, Triton's interpreter):
     TRITON_INTERPRET=1 python benchmarks/gpu.py --device cpu --quick --out /tmp/gpu_dry.json

@@ -116,8 +116,9 @@ def _pinned(kind):
     return make
 
 
-def _compiled_flex(dev, mask_mod, T, S):
-    """``torch.compile(flex_attention)`` with torch's block mask of ``mask_mod`` (or None)."""
+def _compiled_flex(dev, mask_mod, T, S, score_mod=None):
+    """``torch.compile(flex_attention)`` with torch's block mask of ``mask_mod`` (or None)
+    and ``score_mod``."""
     if dev.type != "cuda":
         raise _SkipError("torch.compile(flex_attention) is only benchmarked on CUDA")
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -125,7 +126,7 @@ def _compiled_flex(dev, mask_mod, T, S):
     torch._dynamo.reset()  # each case compiles afresh: no recompile limit, no stale guards
     bm = None if mask_mod is None else create_block_mask(mask_mod, None, None, T, S, device=dev)
     fn = torch.compile(flex_attention, dynamic=False)
-    return lambda q, k, v: fn(q, k, v, block_mask=bm)
+    return lambda q, k, v: fn(q, k, v, score_mod=score_mod, block_mask=bm)
 
 
 def _torch_dense(dev, sh, kw):
@@ -176,6 +177,25 @@ def _document(dev, sh, docs=8):
                  lambda q, k, v, m=doc[:, None] == doc[None, :]: _SDPA(
                      q, k, v, attn_mask=m, backend="triton")))}
     return (q, k, v), impls, lambda: _math(q, k, v, attn_mask=doc[:, None] == doc[None, :])
+
+
+def _relative(dev, sh):
+    """Causal attention with T5's relative bias, its table learned (32 buckets, distances to
+    128): qkv's flex on Triton (the gradient from its dQ kernel) and compiled flex."""
+    from qkv.attention.score_mods import relative_bias
+
+    (q, k, v), T = _qkv(dev, sh), sh["T"]
+    table = (0.1 * torch.randn(32, sh["H"], device=dev)).requires_grad_()
+    t5 = relative_bias(table, 32, 128, bidirectional=False)
+
+    def causal(b, h, i, j):
+        return j <= i
+    bm = qkv.create_block_mask(causal, None, None, T, T, device=dev)
+    impls = {"qkv_flex": lambda q, k, v: qkv.flex_attention(q, k, v, t5, bm),
+             "torch_flex_compiled": _guard(_compiled_flex, dev, causal, T, T, t5)}
+    return (q, k, v), impls, lambda: qkv.flex_attention(
+        q.double(), k.double(), v.double(), relative_bias(table.double(), 32, 128, False), bm,
+        kernel_options={"backend": "tiles"})
 
 
 def _weights(dev, sh, heads, n_rows):
@@ -237,6 +257,9 @@ def cases(quick: bool) -> list[dict]:
     for bwd in (False, True):
         add(f"document x8 T={T} {'fwd+bwd' if bwd else 'fwd'}", "document", _document, bwd,
             base="qkv_flex", B=1 if quick else 2, T=T, S=T)
+    T = 64 if quick else 4096
+    add(f"relative bias (T5, learned) causal T={T} fwd+bwd", "relative", _relative, True,
+        base="qkv_flex", T=T, S=T)
     T, n, heads = (128, 16, [0, 1]) if quick else (16384, 64, [3, 11])
     add(f"weights 2 heads {n} rows T={T}", "weights",
         lambda dev, sh: _weights(dev, sh, heads, n), T=T, S=T)
