@@ -108,7 +108,6 @@ def _compile(kernel, grid, args, options) -> Compiled:
 @contextlib.contextmanager
 def _stand_in(arch: int, multiprocessors: int) -> Iterator[list[Compiled]]:
     """Within: triton launches compile for ``sm_<arch>`` and are recorded, not run."""
-    import triton
     from triton.runtime import driver
 
     from qkv.attention import triton_launch
@@ -134,7 +133,6 @@ def _stand_in(arch: int, multiprocessors: int) -> Iterator[list[Compiled]]:
         driver._active = active
         if saved is not None:
             os.environ["TRITON_INTERPRET"] = saved
-        del triton
 
 
 class _Recorder:
