@@ -99,6 +99,11 @@ def _usage(kernel) -> tuple[int, int]:
 
 
 def _compile(kernel, grid, args, options) -> Compiled:
+    if not hasattr(kernel, "warmup"):  # an interpreted kernel compiles nothing
+        raise RuntimeError(
+            f"{kernel.__name__} was made for Triton's interpreter: compile in a process that "
+            "imports triton without TRITON_INTERPRET=1 (as python -m benchmarks.triton_static "
+            "does)")
     compiled = kernel.warmup(*args, grid=grid, **options)
     registers, stack = _usage(compiled)
     return Compiled(kernel.__name__, tuple(grid), dict(options), registers, stack,
