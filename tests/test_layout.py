@@ -35,7 +35,7 @@ ALLOWED: dict[str, set[str]] = {
     "checkpoint": _CORE | {"data", "checks"},  # the format below train and pretrained
     "generate": _CORE | {"checks"},
     "inspect": _CORE | {"checks"},
-    "bench": {"attention", "reference", "checks"},
+    "bench": {"attention", "nn", "reference", "checks"},  # nn: the paged cache's GPU case
     "train": _CORE | {"data", "checkpoint", "generate", "distributed", "checks"},
     "pretrained": _CORE | {"data", "checkpoint", "generate", "checks"},
     "distributed": {"attention", "nn", "reference", "checks"},  # below models: works on modules

@@ -242,3 +242,40 @@ def test_unstable_flags_a_spread_of_repeats():
 
     assert not unstable([1.0, 1.1, 1.2]) and not unstable([1.0, UNSTABLE_SPREAD, 2.0])
     assert unstable([1.0, 1.6, 1.7]) and not unstable([0.0, 0.0])
+
+
+def _one_line_error(result, message: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and message in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: it would run")
+def test_bench_on_cuda_without_a_gpu_says_so():
+    _one_line_error(runner.invoke(app, ["bench", "--device", "cuda"]),
+                    "--device 'cuda' is not available")
+
+
+def test_bench_on_cuda_runs_the_gpu_suite_with_its_options(tmp_path, monkeypatch):
+    """--device cuda hands --quick, --repeats and --out to the GPU suite (qkv.bench.gpu),
+    refuses the CPU suite's options by name, and an unknown device."""
+    from qkv.bench import gpu
+
+    seen = []
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)  # a GPU, as far as
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the command looks
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(gpu, "main", lambda argv: seen.append(argv) or 0)
+    out = tmp_path / "b"
+    result = runner.invoke(app, ["bench", "--device", "cuda", "--quick", "--repeats", "2",
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert seen == [["--device", "cuda", "--quick", "--repeats", "2", "--out",
+                     str(out / "gpu.json")]] and out.is_dir()
+    _one_line_error(runner.invoke(app, ["bench", "--device", "cuda", "--lengths", "16",
+                                        "--load"]),
+                    "--lengths, --load: the CPU suite's options; --device cuda runs the GPU")
+    _one_line_error(runner.invoke(app, ["bench", "--device", "cuda:0"]),
+                    "--device cuda:0: the suites run on cpu or cuda (the current GPU")
+    _one_line_error(runner.invoke(app, ["bench", "--device", "banana"]),
+                    "--device 'banana' is not a device")

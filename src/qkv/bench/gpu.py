@@ -3,12 +3,16 @@
 Shapes ``q (B, H, T, D)``, ``k``/``v`` ``(B, Hkv, S, D)``, bfloat16. Groups: ``dense`` (B=4
 H=16 D=128, T=S in {1024, 4096, 16384}, causal or not, fwd or fwd+bwd: triton, auto, torch
 SDPA pinned to FLASH_ATTENTION / EFFICIENT_ATTENTION, ``torch.compile(flex_attention)``);
-``decode`` (T=1, S in {4096, 32768}, H=32 Hkv=8); ``alibi`` (causal, T=S=4096) and ``window``
+``decode`` (T=1, S in {4096, 32768}, H=32 Hkv=8); ``paged`` (a decoding step of 8 sequences
+of 4096 positions in pages of 16, H=32 Hkv=8: ``qkv.nn.PagedKVCache``'s Triton kernel, its
+chunked gather, torch SDPA on the cache unpaged); ``alibi`` (causal, T=S=4096) and ``window``
 (1024, causal, T=S in {4096, 16384}) against torch SDPA given the mask materialised dense
 (skipped over 40% of free memory); ``document`` (8 documents, B=2 T=S=16384:
 ``qkv.flex_attention``, the base, against compiled flex_attention and dense-masked triton);
-``weights`` (2 heads, last 64 rows, T=S=16384: triton's lse + ``attention_weights`` against
-torch flash + a softmax of the slice by hand). ``--quick``: tiny sizes for a CPU dry run.
+``relative`` (causal with T5's relative bias, its table learned, T=S=4096, fwd+bwd: qkv's
+flex on Triton against compiled flex); ``weights`` (2 heads, last 64 rows, T=S=16384: triton's
+lse + ``attention_weights`` against torch flash + a softmax of the slice by hand). The cases
+are built in :mod:`qkv.bench.gpu_cases`. ``--quick``: tiny sizes for a CPU dry run.
 
 Timing: CUDA events (device synchronised before each call), ``perf_counter`` on CPU; the
 first call apart (``first_s``: JIT, compile), ``warmup`` calls, then median and min of
@@ -25,7 +29,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
 import statistics
 import time
@@ -33,19 +36,12 @@ import warnings
 from datetime import datetime, timezone
 
 import torch
-import torch.nn.functional as F
 
 import qkv
-from qkv.bench.measure import available_memory_bytes, machine_info, machine_line
+from qkv.bench.gpu_cases import cases
+from qkv.bench.measure import machine_info, machine_line
 
 __all__ = ["cases", "main", "run_case", "time_ms"]
-
-_SDPA = qkv.scaled_dot_product_attention
-
-
-class _SkipError(Exception):
-    """An implementation or case that is not run, with the reason."""
-
 
 def _sync(dev):
     if dev.type == "cuda":
@@ -85,186 +81,6 @@ def stream_ms(fn, dev: torch.device, calls: int = 20) -> float:
         fn()
     _sync(dev)
     return (time.perf_counter() - t0) * 1e3 / calls
-
-
-def _fits(nbytes: int, dev: torch.device) -> None:
-    free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else available_memory_bytes()
-    if nbytes > 0.4 * free:
-        raise _SkipError(f"dense mask needs {nbytes / 2**30:.1f} GiB, over 40% of free memory")
-
-
-def _qkv(dev, sh, seed=0):
-    g = torch.Generator(device=dev).manual_seed(seed)
-    return tuple(torch.randn(sh["B"], h, n, sh["D"], generator=g, device=dev,
-                             dtype=torch.bfloat16)
-                 for h, n in ((sh["H"], sh["T"]), (sh["Hkv"], sh["S"]), (sh["Hkv"], sh["S"])))
-
-
-def _math(q, k, v, **kw):  # the float64 reference
-    return _SDPA(q.double(), k.double(), v.double(), backend="math", **kw)
-
-
-def _pinned(kind):
-    """Maker of torch SDPA pinned to ``SDPBackend.<kind>`` (its refusal is recorded)."""
-    def make(dev, sh, kw):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        def run(q, k, v):
-            with sdpa_kernel(getattr(SDPBackend, kind)):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=kw["is_causal"])
-        return run
-    return make
-
-
-def _compiled_flex(dev, mask_mod, T, S, score_mod=None):
-    """``torch.compile(flex_attention)`` with torch's block mask of ``mask_mod`` (or None)
-    and ``score_mod``."""
-    if dev.type != "cuda":
-        raise _SkipError("torch.compile(flex_attention) is only benchmarked on CUDA")
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    torch._dynamo.reset()  # each case compiles afresh: no recompile limit, no stale guards
-    bm = None if mask_mod is None else create_block_mask(mask_mod, None, None, T, S, device=dev)
-    fn = torch.compile(flex_attention, dynamic=False)
-    return lambda q, k, v: fn(q, k, v, score_mod=score_mod, block_mask=bm)
-
-
-def _torch_dense(dev, sh, kw):
-    """torch SDPA given the mask of qkv keywords ``kw`` (causal, window, ALiBi) materialised:
-    a ``(1, H, T, S)`` bfloat16 bias with ALiBi, else a ``(T, S)`` bool mask."""
-    T, slopes = sh["T"], kw.get("alibi_slopes")
-    _fits(T * T * (1 if slopes is None else 6 * sh["H"]), dev)  # ALiBi: built in float32
-    i, j = torch.arange(T, device=dev)[:, None], torch.arange(T, device=dev)[None, :]
-    keep = (j <= i) if kw.get("is_causal") else torch.ones(T, T, dtype=torch.bool, device=dev)
-    if kw.get("window") is not None:
-        keep &= i - j < kw["window"]
-    if slopes is not None:
-        bias = -slopes[:, None, None] * (i - j).abs().float()  # (H, T, S)
-        keep = bias.masked_fill(~keep, float("-inf")).to(torch.bfloat16)[None]  # (1, H, T, S)
-    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
-
-
-def _guard(make, *args):
-    try:
-        return make(*args)
-    except _SkipError as e:
-        return str(e)
-
-
-def _standard(kw, extra):
-    """A case's ``build(dev, shapes)``: triton and auto with qkv keywords ``kw`` (or
-    ``kw(dev, shapes)``), plus torch's implementations made by ``extra[name](dev, sh, kw)``."""
-    def build(dev, sh):
-        q, k, v = _qkv(dev, sh)
-        kws = kw(dev, sh) if callable(kw) else kw
-        impls = {b: (lambda q, k, v, b=b: _SDPA(q, k, v, backend=b, **kws))
-                 for b in ("triton", "auto")}
-        impls |= {name: _guard(make, dev, sh, kws) for name, make in extra.items()}
-        return (q, k, v), impls, lambda: _math(q, k, v, **kws)
-    return build
-
-
-def _document(dev, sh, docs=8):
-    (q, k, v), T = _qkv(dev, sh), sh["T"]
-    doc = torch.arange(T, device=dev) // -(-T // docs)  # (T,) document of each position
-
-    def mod(b, h, i, j):
-        return doc[i] == doc[j]
-    bm = qkv.create_block_mask(mod, None, None, T, T, device=dev)
-    impls = {"qkv_flex": lambda q, k, v: qkv.flex_attention(q, k, v, block_mask=bm),
-             "torch_flex_compiled": _guard(_compiled_flex, dev, mod, T, T),
-             "triton": _guard(lambda: _fits(T * T, dev) or (  # mask (T, S) built after the check
-                 lambda q, k, v, m=doc[:, None] == doc[None, :]: _SDPA(
-                     q, k, v, attn_mask=m, backend="triton")))}
-    return (q, k, v), impls, lambda: _math(q, k, v, attn_mask=doc[:, None] == doc[None, :])
-
-
-def _relative(dev, sh):
-    """Causal attention with T5's relative bias, its table learned (32 buckets, distances to
-    128): qkv's flex on Triton (the gradient from its dQ kernel) and compiled flex."""
-    from qkv.attention.score_mods import relative_bias
-
-    (q, k, v), T = _qkv(dev, sh), sh["T"]
-    table = (0.1 * torch.randn(32, sh["H"], device=dev)).requires_grad_()
-    t5 = relative_bias(table, 32, 128, bidirectional=False)
-
-    def causal(b, h, i, j):
-        return j <= i
-    bm = qkv.create_block_mask(causal, None, None, T, T, device=dev)
-    impls = {"qkv_flex": lambda q, k, v: qkv.flex_attention(q, k, v, t5, bm),
-             "torch_flex_compiled": _guard(_compiled_flex, dev, causal, T, T, t5)}
-    return (q, k, v), impls, lambda: qkv.flex_attention(
-        q.double(), k.double(), v.double(), relative_bias(table.double(), 32, 128, False), bm,
-        kernel_options={"backend": "tiles"})
-
-
-def _weights(dev, sh, heads, n_rows):
-    from qkv.attention.weights import attention_weights
-
-    (q, k, v), T = _qkv(dev, sh), sh["T"]
-    rows, flash = slice(T - n_rows, T), _pinned("FLASH_ATTENTION")(dev, sh, {"is_causal": True})
-
-    def triton(q, k, v):
-        _, lse = _SDPA(q, k, v, is_causal=True, backend="triton", return_lse=True)
-        return attention_weights(q, k, lse, is_causal=True, heads=heads, rows=rows)
-
-    def by_hand(q, k, v, dtype=torch.float32):  # weights (B, 2, n_rows, S)
-        s = q[:, heads, rows].to(dtype) @ k[:, heads].to(dtype).transpose(-2, -1)
-        hide = torch.arange(T, device=dev) > torch.arange(T, device=dev)[rows, None]
-        return (s / math.sqrt(sh["D"])).masked_fill(hide, float("-inf")).softmax(-1)
-    impls = {"triton": triton, "torch_flash_by_hand": lambda q, k, v: (
-        flash(q, k, v), by_hand(q, k, v).to(q.dtype))[1]}  # output, then the slice by hand
-    return (q, k, v), impls, lambda: by_hand(q, k, v, torch.float64)
-
-
-def cases(quick: bool) -> list[dict]:
-    """The suite: ``{name, group, shapes, bwd, build, base}`` per case; ``build(dev, shapes)``
-    gives ``(inputs, {impl: fn(q, k, v) or skip reason}, float64 reference thunk)``."""
-    B, H, D = (1, 2, 32) if quick else (4, 16, 128)
-    out = []
-
-    def add(name, group, build, bwd=False, base="triton", **shapes):
-        sh = dict(B=B, H=H, Hkv=H, D=D) | shapes
-        out.append(dict(name=name, group=group, shapes=sh, bwd=bwd, build=build, base=base))
-    dense = {"torch_flash": _pinned("FLASH_ATTENTION"),
-             "torch_efficient": _pinned("EFFICIENT_ATTENTION"),
-             "torch_flex_compiled": lambda dev, sh, kw: _compiled_flex(
-                 dev, (lambda b, h, i, j: i >= j) if kw["is_causal"] else None, sh["T"], sh["S"])}
-    def dense_cases(lengths):
-        for T in lengths:
-            for c in (False, True):
-                for bwd in (False, True):
-                    impls = dense if T == 4096 or quick else {  # compiled flex: T=4096 only
-                        k: f for k, f in dense.items() if k != "torch_flex_compiled"}
-                    add(f"dense{' causal' if c else ''} T={T} {'fwd+bwd' if bwd else 'fwd'}",
-                        "dense", _standard({"is_causal": c}, impls), bwd, T=T, S=T)
-    dense_cases([64] if quick else [4096])  # the rest after the other groups (a budget cut)
-    gqa = {"torch_sdpa": lambda dev, sh, kw: lambda q, k, v: F.scaled_dot_product_attention(
-        q, k, v, enable_gqa=True)}
-    for S in [64, 128] if quick else [4096, 32768]:
-        add(f"decode S={S}", "decode", _standard({"enable_gqa": True}, gqa),
-            H=2 if quick else 32, Hkv=1 if quick else 8, T=1, S=S)
-    T = 64 if quick else 4096
-    alibi = _standard(lambda dev, sh: {"is_causal": True, "alibi_slopes": 2.0 ** (
-        -8.0 * torch.arange(1, sh["H"] + 1, device=dev) / sh["H"])},  # (H,) Press et al.
-        {"torch_dense_bias": _torch_dense})
-    add(f"alibi causal T={T}", "alibi", alibi, T=T, S=T)
-    w = 16 if quick else 1024
-    for T in [64, 128] if quick else [4096, 16384]:
-        add(f"window {w} causal T={T}", "window", _standard(
-            {"is_causal": True, "window": w}, {"torch_dense_mask": _torch_dense}), T=T, S=T)
-    T = 64 if quick else 16384
-    for bwd in (False, True):
-        add(f"document x8 T={T} {'fwd+bwd' if bwd else 'fwd'}", "document", _document, bwd,
-            base="qkv_flex", B=1 if quick else 2, T=T, S=T)
-    T = 64 if quick else 4096
-    add(f"relative bias (T5, learned) causal T={T} fwd+bwd", "relative", _relative, True,
-        base="qkv_flex", T=T, S=T)
-    T, n, heads = (128, 16, [0, 1]) if quick else (16384, 64, [3, 11])
-    add(f"weights 2 heads {n} rows T={T}", "weights",
-        lambda dev, sh: _weights(dev, sh, heads, n), T=T, S=T)
-    dense_cases([] if quick else [16384, 1024])
-    return out
 
 
 def _error(e: Exception, warned=()) -> str:
@@ -349,9 +165,8 @@ def _print(rec: dict) -> None:
         print(line + (f"  err {errs[n]:.2e}" if isinstance(errs.get(n), float) else ""))
 
 
-def main(argv=None, extra_cases=None) -> int:
-    """The command line; ``extra_cases(quick)``: more cases (as :func:`cases` gives them) that
-    need more of qkv than this package's layer sees (benchmarks/gpu.py adds paged decoding)."""
+def main(argv=None) -> int:
+    """The command line (``python benchmarks/gpu.py``, ``qkv bench --device cuda``)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--quick", action="store_true", help="tiny sizes (CPU dry run)")
@@ -384,7 +199,7 @@ def main(argv=None, extra_cases=None) -> int:
     groups = set(a.groups.split(",")) if a.groups else None
     records, t0 = [], time.perf_counter()
     try:
-        for case in cases(a.quick) + (extra_cases(a.quick) if extra_cases else []):
+        for case in cases(a.quick):
             if groups and case["group"] not in groups:
                 continue
             if a.max_seconds is not None and time.perf_counter() - t0 > a.max_seconds:

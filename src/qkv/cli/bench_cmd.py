@@ -100,6 +100,12 @@ def command(
                            "vs transformers, MiniLM vs sentence-transformers, decode time in "
                            "context (needs the dev extra; minutes).")
     ] = False,
+    device: Annotated[
+        str, typer.Option("--device", help="cpu (this suite) or cuda: the GPU suite (the "
+                          "triton backend, auto, torch's SDPA kernels and compiled flex on "
+                          "bf16 shapes: dense, decoding, paged, ALiBi, windows, block masks; "
+                          "--quick, --repeats and --out apply; writes gpu.json).")
+    ] = "cpu",
 ) -> None:
     """Time attention (qkv flash, auto, math and torch's kernel) side by side on this machine.
 
@@ -111,7 +117,14 @@ def command(
     also the pretrained models against transformers and sentence-transformers.
 
     [bold]Example:[/bold] qkv bench --quick --threads 1 --out /tmp/bench
+
+    [bold]On a GPU:[/bold] qkv bench --device cuda --out /tmp/bench
     """
+    if device != "cpu":
+        cpu_only = {"--lengths": lengths, "--dtypes": dtypes, "--decode-lengths": decode_lengths,
+                    "--threads": threads, "--max-seconds": max_seconds, "--huge": huge,
+                    "--load": load, "--pretrained": pretrained}  # fmt: skip
+        return _gpu(device, quick, repeats, out, [k for k, v in cpu_only.items() if v])
     # Wide enough for the result tables even when the output is not a terminal.
     console = Console(highlight=False, width=max(Console().width, 160))
     from qkv.bench import suite
@@ -175,6 +188,29 @@ def command(
     if image is not None:
         png = atomic_write(out / f"{stem}.png", image)
         console.print(f"wrote {png}", markup=False)
+
+
+def _gpu(device: str, quick: bool, repeats: int | None, out: Path | None,
+         cpu_only: list[str]) -> None:
+    """``qkv bench --device cuda``: the GPU suite of :mod:`qkv.bench.gpu`."""
+    if device != "cuda":  # (a device this machine lacks was refused before: check_device)
+        raise fail(f"--device {device}: the suites run on cpu or cuda (the current GPU; "
+                   "CUDA_VISIBLE_DEVICES picks it)")
+    if cpu_only:
+        raise fail(f"{', '.join(cpu_only)}: the CPU suite's options; --device cuda runs the GPU "
+                   "suite (--quick, --repeats and --out apply)")
+    if repeats is not None and repeats < 1:
+        raise fail(f"--repeats must be >= 1, got {repeats}")
+    from qkv.bench import gpu
+
+    argv = ["--device", "cuda", *(["--quick"] if quick else []),
+            *(["--repeats", str(repeats)] if repeats is not None else [])]
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        argv += ["--out", str(out / "gpu.json")]
+    code = gpu.main(argv)
+    if code:
+        raise typer.Exit(code)
 
 
 def _pretrained(console: Console, threads: int, quick: bool) -> list[dict]:
