@@ -76,7 +76,7 @@ def _merge(target) -> str:
 def _flex_calls():
     """``(label, call)``: flex forward and backward on the GPU's tiles, bf16, D = 128: a
     document mask (full blocks only), causal with ALiBi, soft-cap and T5's relative bias,
-    fixed and learned (partial blocks, a score mod in the kernel)."""
+    and learned ALiBi slopes and tables (partial blocks, a score mod in the kernel)."""
     import torch
 
     import qkv
@@ -92,7 +92,9 @@ def _flex_calls():
              "causal relative": (lambda b, h, i, j: j <= i,
                                  relative_bias(torch.zeros(32, 4), 32, 128, False)),
              "causal learned relative": (lambda b, h, i, j: j <= i, relative_bias(
-                 torch.zeros(32, 4, requires_grad=True), 32, 128, False))}
+                 torch.zeros(32, 4, requires_grad=True), 32, 128, False)),
+             "causal learned alibi": (lambda b, h, i, j: j <= i,
+                                      alibi(torch.ones(4, requires_grad=True)))}
     for label, (mask_mod, score_mod) in masks.items():
         learned = "learned" in label
 
