@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -172,3 +173,31 @@ def test_a_request_whose_prefill_fails_ends_with_its_error_and_frees_its_blocks(
     finally:
         engine.shutdown(timeout=TIMEOUT)
     assert bad.finish_reason == "error" and len(engine.cache.free) == 32
+
+
+@pytest.mark.parametrize("kernel", ["chunks", "triton"])
+def test_tables_that_do_not_hold_the_batch_are_refused_before_attention_reads_them(kernel):
+    """A block id outside the pool, an empty table or a table too short for the new tokens is
+    refused on the host, naming the sequence: the Triton kernel would read past the pool or
+    the table (on a GPU: another sequence's cache, or an illegal address)."""
+    if kernel == "triton" and not triton_env.installed():
+        pytest.skip("triton is not installed")
+    cache = PagedKVCache(1, num_blocks=8, block_size=4, kv_heads=1, head_dim=8, kernel=kernel)
+    for tables, lengths, message in [
+        ([[0, 9]], [0], "sequence 0's block table holds 9, not a block id of this pool (0 .. 7)"),
+        ([[0], []], [0, 0], "sequence 1's block table is empty"),
+        ([[0]], [0, 1], "one table per length"),
+        ([[0]], [-1], "sequence 0's length must be an int >= 0, got -1"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            cache.set_batch(tables, lengths)
+    cache.set_batch([[0, 1], [2]], [5, 1])  # room: 3 and 3 positions
+    q = torch.randn(2, 2, 4, 8)
+    k = v = torch.randn(2, 1, 4, 8)
+    with torch.no_grad(), pytest.raises(ValueError, match=re.escape(
+            "sequence 0 of the batch has room for 3 more positions in its blocks, and this "
+            "forward adds 4")):
+        cache.layers[0].attend(q, k, v, scale=None)
+    with torch.no_grad():
+        assert cache.layers[0].attend(q[:, :, :3], k[:, :, :3], v[:, :, :3], None).shape == (
+            2, 2, 3, 8)

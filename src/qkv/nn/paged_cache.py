@@ -58,11 +58,22 @@ class PagedLayer(LayerKVCache):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor:
         """Store ``k, v (B, Hkv, T, D)`` at the batch's next positions, then attend ``q (B, H,
-        T, D)`` over each sequence's positions up to each query's; returns ``(B, H, T, D)``."""
+        T, D)`` over each sequence's positions up to each query's; returns ``(B, H, T, D)``.
+
+        Raises:
+            ValueError: no :meth:`PagedKVCache.set_batch` for this batch, or a sequence whose
+                blocks have no room for ``T`` more positions.
+        """
         o = self.owner
         if o.tables is None or o.lengths is None or o.tables.shape[0] != q.shape[0]:
             raise ValueError("PagedKVCache.set_batch must name this batch's sequences first")
         T = q.shape[2]
+        if T > o.room:  # checked on the host: the kernel would read past a table
+            b = min(range(len(o.room_each)), key=o.room_each.__getitem__)
+            raise ValueError(
+                f"sequence {b} of the batch has room for {o.room_each[b]} more positions in "
+                f"its blocks, and this forward adds {T}: allocate its table more blocks "
+                "(PagedKVCache.blocks_for)")
         pos = o.lengths[:, None] + torch.arange(T, device=q.device)  # (B, T)
         block = o.tables.gather(1, pos // o.block_size)  # (B, T)
         self.k_pool[block, :, pos % o.block_size] = k.transpose(1, 2)  # (B, T, Hkv, D)
@@ -138,6 +149,8 @@ class PagedKVCache(KVCache):
         self.tables: Tensor | None = None  # (B, blocks) of the current batch
         self.lengths: Tensor | None = None  # (B,) positions cached before this forward
         self.longest = 0  # their largest, on the host
+        self.room_each: list[int] = []
+        self.room = 0
 
     def fused(self, q: Tensor) -> bool:
         """Whether attention over ``q (B, H, T, D)`` runs on the Triton kernel (``kernel``)."""
@@ -178,10 +191,35 @@ class PagedKVCache(KVCache):
 
     def set_batch(self, tables: list[list[int]], lengths: list[int]) -> None:
         """The next forward's sequences: their block tables and cached positions (each table
-        must cover the cached and the new positions)."""
+        must cover the cached and the new positions).
+
+        Raises:
+            ValueError: no sequences, a table and length count that differ, an empty table,
+                a block id outside the pool, or a length that is not an int >= 0 (checked
+                here, on the host: attention reads the pool through these ids).
+        """
+        self._check_batch(tables, lengths)
         width = max(len(t) for t in tables)
         device = self.layers[0].k_pool.device
         self.tables = torch.tensor([t + [t[0]] * (width - len(t)) for t in tables],
                                    device=device)  # (B, blocks), padded with a real id
         self.lengths = torch.tensor(lengths, device=device)  # (B,)
         self.longest = max(lengths)
+        self.room_each = [len(t) * self.block_size - n for t, n in zip(tables, lengths,
+                                                                      strict=True)]
+        self.room = min(self.room_each)  # new positions every sequence still has blocks for
+
+    def _check_batch(self, tables: list[list[int]], lengths: list[int]) -> None:
+        if not tables or len(tables) != len(lengths):
+            raise ValueError(f"set_batch needs one table per length and at least one: got "
+                             f"{len(tables)} tables and {len(lengths)} lengths")
+        for b, (table, n) in enumerate(zip(tables, lengths, strict=True)):
+            if not table:
+                raise ValueError(f"sequence {b}'s block table is empty")
+            bad = [i for i in table if isinstance(i, bool) or not isinstance(i, int)
+                   or not 0 <= i < self.num_blocks]
+            if bad:
+                raise ValueError(f"sequence {b}'s block table holds {bad[0]!r}, not a block "
+                                 f"id of this pool (0 .. {self.num_blocks - 1})")
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"sequence {b}'s length must be an int >= 0, got {n!r}")
