@@ -20,13 +20,23 @@ tensor counts as checked (its values are among the base's).
 from __future__ import annotations
 
 import math
+import os
 import weakref
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-__all__ = ["carry_checked", "checked_before", "is_int", "is_number", "positive_int",
-           "remember_checked", "values_unknown"]
+__all__ = ["carry_checked", "checked_before", "is_int", "is_number", "memory_bytes",
+           "positive_int", "remember_checked", "values_unknown"]
+
+
+def memory_bytes() -> int:
+    """This machine's physical memory in bytes (0 where the OS does not say): what guards
+    against allocations that cannot fit compare with, before allocating."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def is_int(value: object) -> bool:

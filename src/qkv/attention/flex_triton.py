@@ -27,10 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from qkv.attention.errors import AttentionArgumentError
 from qkv.attention.flex_blocks import EMPTY, PARTIAL, BlockMask, tile_keep
 from qkv.attention.masks import safe_lse
-from qkv.attention.score_mods import relative_position_bucket
+from qkv.attention.score_mods import check_head_count, relative_position_bucket
 from qkv.attention.triton_env import installed, interpreting
 from qkv.checks import values_unknown
 
@@ -151,10 +150,7 @@ def score_mod_params(score_mod, query: Tensor, S: int) -> ScoreMod:
         return ScoreMod(2, cap=float(params[1]))
     values = params[1]  # learned ones get their gradient through ScoreMod.data
     what = {"alibi": "alibi slopes", "relative": "relative_bias table"}[params[0]]
-    if values.shape[-1] != H:
-        raise AttentionArgumentError(
-            f"{what} has {values.shape[-1]} heads but the attention has H={H} query heads "
-            "(one entry per query head is needed)")
+    check_head_count(values.shape[-1], H, what)  # (the kernel would read past the data)
     if params[0] == "alibi":
         return ScoreMod(1, values.to(query.device, torch.float32), params[2])
     distance = torch.arange(-(T - 1), S, device=query.device)  # j - i, (T + S - 1,)

@@ -14,14 +14,13 @@ Re-exported by :mod:`qkv.attention.masks`, where callers find them.
 from __future__ import annotations
 
 import math
-import os
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from qkv.attention.errors import AttentionArgumentError
-from qkv.checks import values_unknown
+from qkv.checks import memory_bytes, values_unknown
 
 if TYPE_CHECKING:
     from qkv.attention.call import AttentionCall
@@ -131,12 +130,7 @@ def _check_keep_fits(call: AttentionCall) -> None:
             "sequences or fewer rows a call")
 
 
-def _memory_bytes() -> int:
-    """This machine's physical memory (0 where the OS does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
+_memory_bytes = memory_bytes  # (one name here, so a test can stand in a smaller machine)
 
 
 # --- non-finite inputs: never hidden ------------------------------------------------------

@@ -32,9 +32,15 @@ __all__ = ["alibi", "relative_bias", "relative_position_bucket", "soft_cap"]
 
 def check_heads(h: Tensor, n: int, what: str) -> None:
     """Refuse a head grid ``(1, H, 1, 1)`` (qkv's call) with ``H != n``; no-op under vmap."""
-    if h.dim() == 4 and h.shape[1] != n:
+    if h.dim() == 4:
+        check_head_count(n, h.shape[1], what)
+
+
+def check_head_count(n: int, H: int, what: str) -> None:
+    """Refuse ``what`` with ``n`` per-head entries for an attention of ``H`` query heads."""
+    if n != H:
         raise AttentionArgumentError(
-            f"{what} has {n} heads but the attention has H={h.shape[1]} query heads "
+            f"{what} has {n} heads but the attention has H={H} query heads "
             "(one entry per query head is needed)"
         )
 

@@ -29,7 +29,6 @@ row ``i`` is the attention of position ``i`` over every earlier position (prompt
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,6 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from qkv.checks import memory_bytes
 from qkv.inspect.hookpoints import attention_layers, hook_points, match_names
 from qkv.inspect.weights import check_heads, check_rows, weights_of
 from qkv.nn.core import AttentionCore
@@ -208,12 +208,7 @@ def capture(
             handle.remove()
 
 
-def _memory_bytes() -> int:
-    """This machine's physical memory (0 where the OS does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
+_memory_bytes = memory_bytes  # (one name here, so a test can stand in a smaller machine)
 
 
 def _check_size(name: str, inputs: AttentionInputs, heads, span: slice) -> None:

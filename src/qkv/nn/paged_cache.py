@@ -154,8 +154,8 @@ class PagedKVCache(KVCache):
 
     def fused(self, q: Tensor) -> bool:
         """Whether attention over ``q (B, H, T, D)`` runs on the Triton kernel (``kernel``)."""
-        if self.kernel == "chunks":
-            return False
+        if self.kernel == "chunks" or (self.kernel == "auto" and q.device.type != "cuda"):
+            return False  # (the CPU's every call decides here, at once)
         from qkv.attention.triton_env import installed, interpreting
 
         grad = torch.is_grad_enabled() and q.requires_grad
