@@ -251,3 +251,25 @@ def test_learned_slopes_and_tables_get_the_tile_loops_gradient(mod, kind):
     got, want = run(torch.float32, "triton"), run(torch.float64, "tiles")
     for name, a, e in zip(["dq", "dk", "dv", f"d {mod}"], got, want, strict=True):
         assert_close(a, e, atol=5e-5, rtol=5e-5, name=f"{name} {kind}")
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_learned_relative_bias_with_t_unequal_s_and_odd_heads(bidirectional):
+    """T = 37 queries over S = 70 keys, 3 query heads over 1 key/value head, 16×32 blocks:
+    the kernel's bias index ``j - i + T - 1`` and its gradient's, against the tile loop in
+    float64."""
+    shape = SHAPES[2]
+    H, T, S = shape[1], shape[3], shape[4]
+    bm = _block_mask("window", shape)
+    table = _ready_mod("relative" if bidirectional else "relative causal", H, T, S
+                       ).kernel_params[1]
+
+    def run(dtype, backend):
+        learned = table.detach().to(dtype).requires_grad_()
+        score_mod = relative_bias(learned, 8, 20, bidirectional=bidirectional)
+        ins = [t.to(dtype).requires_grad_() for t in _inputs(shape)]
+        out, _ = _flex(*ins, bm, backend, score_mod=score_mod)
+        return (out, *torch.autograd.grad(out, [*ins, learned], torch.ones_like(out)))
+    got, want = run(torch.float32, "triton"), run(torch.float64, "tiles")
+    for name, a, e in zip(["out", "dq", "dk", "dv", "d table"], got, want, strict=True):
+        assert_close(a, e, atol=5e-5, rtol=5e-5, name=f"{name} T={T} S={S}")
