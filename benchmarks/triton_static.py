@@ -25,7 +25,7 @@ B, H, D = 4, 16, 128
 BF16 = torch.bfloat16
 
 
-def _dense(T, causal, bwd, alibi=False, window=None, Hq=H, Hkv=H, S=None):
+def _dense(T, causal, bwd, alibi=False, window=None, Hq=H, Hkv=H, S=None, dropout_p=0.0):
     from qkv.attention import triton_launch as L
     from qkv.attention.backends.triton_kernel import _Spec
 
@@ -36,10 +36,12 @@ def _dense(T, causal, bwd, alibi=False, window=None, Hq=H, Hkv=H, S=None):
         k, v = (torch.empty(B, Hkv, S, D, dtype=BF16) for _ in range(2))
         slopes = torch.ones(Hq) if alibi else None
         spec = _Spec(scale=D ** -0.5, causal=0 if causal else None, window=window,
-                     alibi_shift=0, dropout_p=0.0)
-        out, lse = L.forward(q, k, v, None, slopes, None, spec)
+                     alibi_shift=0, dropout_p=dropout_p)
+        # dropout as on a GPU: the Philox state (seed, threshold), the mask made in the kernels
+        keep = torch.tensor([1234, round(dropout_p * 2**31)]) if dropout_p else None
+        out, lse = L.forward(q, k, v, None, slopes, keep, spec)
         if bwd:
-            L.backward(q, k, v, out, lse, torch.empty_like(out), None, None, slopes, None, spec)
+            L.backward(q, k, v, out, lse, torch.empty_like(out), None, None, slopes, keep, spec)
     return call
 
 
@@ -76,6 +78,7 @@ CASES = {
     "causal": lambda: _dense(4096, True, True),
     "alibi": lambda: _dense(4096, True, False, alibi=True),
     "window": lambda: _dense(4096, True, False, window=1024),
+    "dropout": lambda: _dense(4096, True, True, dropout_p=0.1),
     "decode": lambda: _dense(1, False, False, Hq=32, Hkv=8, S=32768),
     "flex": lambda: _document(True),
     "paged": _paged,

@@ -260,16 +260,16 @@ def test_a_dropout_mask_too_large_to_draw_is_refused_before_it_is_drawn(backend,
     """The fused backends draw torch's (B, H, T, S) keep mask (one seed, the same drops on
     every backend): at T = S = 8192, H = 4 that is 2.25 GiB while drawn, refused here on a
     machine said to have 4 GiB (half of it the limit), before the mask is drawn."""
-    from qkv.attention import rows
+    from qkv.attention import dropout
 
-    monkeypatch.setattr(rows, "_memory_bytes", lambda: 4 << 30)
+    monkeypatch.setattr(dropout, "_memory_bytes", lambda: 4 << 30)
     q, k, v = (torch.randn(1, 4, 8192, 8) for _ in range(3))
     with pytest.raises(qkv.attention.AttentionArgumentError,
                        match=r"dropout_p=0.1 draws torch's keep mask of \(B, H, T, S\) = "
                              r"\(1, 4, 8192, 8192\), 2.2 GiB .* more than the 2.0 GiB half "
                              r"this machine's memory: use dropout_p=0"):
         qkv.scaled_dot_product_attention(q, k, v, dropout_p=0.1, backend=backend)
-    monkeypatch.setattr(rows, "_memory_bytes", lambda: 64 << 30)  # fits: the same mask drawn
+    monkeypatch.setattr(dropout, "_memory_bytes", lambda: 64 << 30)  # fits: the same mask drawn
     small = [t[:, :, :64] for t in (q, k, v)]
     out = qkv.scaled_dot_product_attention(*small, dropout_p=0.1, backend=backend)
     assert out.shape == (1, 4, 64, 8)

@@ -151,6 +151,48 @@ def test_dropout_drops_what_flash_drops_with_the_same_seed():
         assert_close(a, e, atol=1e-5, rtol=1e-5, name=f"dropout {name}")
 
 
+@pytest.fixture
+def counter_on_cpu(monkeypatch):
+    """Dropout as on a GPU, on this machine too: the counter-based mask, which the kernels
+    compute from a seed (qkv.attention.dropout)."""
+    from qkv.attention import dropout
+
+    monkeypatch.setattr(dropout, "counter_based", lambda device: True)
+
+
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1], SHAPES[3]], ids=str)
+@pytest.mark.parametrize("kind", ["none", "causal", "alibi+bool+window"])
+def test_dropout_computed_in_the_kernel_equals_math_with_gradients(shape, kind, counter_on_cpu):
+    """The kernels compute the Philox mask per tile (forward, dQ, and transposed in dK/dV);
+    math expands the same seed's mask dense: same output and gradients."""
+    kw = _mask_kwargs(kind, shape)
+    q, k, v = (t.requires_grad_() for t in _inputs(shape))
+    results = {}
+    for backend in ("triton", "math"):
+        torch.manual_seed(7)
+        out = _sdpa(q, k, v, backend, dropout_p=0.3, **kw)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
+        results[backend] = (out, *torch.autograd.grad(out, (q, k, v), g))
+    for name, a, e in zip(("out", "dq", "dk", "dv"), *results.values(), strict=True):
+        assert_close(a, e, atol=2e-5, rtol=2e-5, name=f"in-kernel dropout {kind} {name}")
+
+
+def test_the_kernel_drops_exactly_the_philox_mask(counter_on_cpu):
+    """With V the identity the output is the applied weights: zero exactly where the kernel
+    dropped, which must be the mask qkv.attention.dropout defines, bit for bit."""
+    from qkv.attention import dropout
+
+    B, H, Hkv, T, S = 2, 4, 2, 19, 40
+    q, k, _ = _inputs((B, H, Hkv, T, S, 16, 16))
+    v = torch.eye(S, device=DEVICE).expand(B, Hkv, S, S)
+    torch.manual_seed(9)
+    out = _sdpa(q, k, v, "triton", dropout_p=0.45)  # (B, H, T, S): the applied weights
+    torch.manual_seed(9)
+    keep = dropout.philox_keep(dropout.dropout_state(0.45, q.device), B, H, T, S)
+    wrong = int(((out != 0) != keep).sum())
+    assert wrong == 0, f"{wrong} of {keep.numel()} weights dropped differently from the mask"
+
+
 def test_weights_are_exact_and_rows_with_no_key_are_zero():
     shape = (1, 2, 1, 9, 33, 16, 16)
     kw = _mask_kwargs("alibi+bool+window", shape)
@@ -281,11 +323,12 @@ def test_kernels_compile_for_hopper_and_ampere_without_a_gpu():
 @pytest.mark.skipif(bool(os.environ.get("ATEN_CPU_CAPABILITY")),
                     reason="compiling does not depend on the CPU's kernels: the first pass did it")
 def test_dense_and_decoding_launches_compile_well_for_a_gpu_without_one():
-    """The dense forward and backward, a decoding step and a paged one, compiled as launched
-    on Hopper
-    (Triton's own argument specialisation): loads pipelined, at most 256 bytes a thread
-    spilled; the decoding step's split kernel spills nothing and as many programs fit on a
-    multiprocessor as its key splits are counted for."""
+    """The dense forward and backward (with dropout's Philox mask computed in the kernels
+    too), a decoding step and a paged one, compiled as launched on Hopper (Triton's own
+    argument specialisation): loads pipelined, at most 256 bytes a thread spilled; the
+    decoding step's split kernel spills nothing and as many programs fit on a multiprocessor
+    as its key splits are counted for."""
     out = run_compile_check("--launched")
     assert "ok sm_90 decode attention_forward grid (1, 32, 12)" in out, out
-    assert out.count("ok sm_90") == 12 and "ok sm_90 paged paged_forward" in out, out
+    assert "ok sm_90 dropout attention_backward_dkdv" in out, out
+    assert out.count("ok sm_90") == 15 and "ok sm_90 paged paged_forward" in out, out

@@ -21,7 +21,7 @@ from triton.compiler import ASTSource
 from qkv.attention import triton_backward as KB
 from qkv.attention import triton_kernels as K
 
-FLAGS = ("MASK_KIND", "IS_CAUSAL", "HAS_WINDOW", "HAS_ALIBI", "HAS_DROPOUT")
+FLAGS = ("MASK_KIND", "IS_CAUSAL", "HAS_WINDOW", "HAS_ALIBI", "DROPOUT")
 POINTERS = {"KEEP": "*u8", "SLOPES": "*fp32", "L": "*fp32", "LSE": "*fp32",
             "DELTA": "*fp32"}
 FLOATS = {"scale", "keep_scale", "cap"}
@@ -33,7 +33,7 @@ CONSTEXPRS = {"BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "PRECISION", "UPCAST"
 INTS = {"H", "G", "T", "S", "D", "DV", "split_len", "causal", "window", "alibi_shift"}
 
 
-def _signature(fn, dtype: str, mask_kind: int) -> dict[str, str]:
+def _signature(fn, dtype: str, mask_kind: int, dropout: int = 0) -> dict[str, str]:
     """Triton's type of each argument: pointers, 32-bit sizes, 64-bit strides, floats."""
     sig = {}
     for name in fn.arg_names:
@@ -41,6 +41,8 @@ def _signature(fn, dtype: str, mask_kind: int) -> dict[str, str]:
             sig[name] = "constexpr"
         elif name == "M":
             sig[name] = {0: dtype, 1: "*u8", 2: "*fp32"}[mask_kind]
+        elif name == "KEEP":  # a keep mask, or the Philox state (seed, threshold)
+            sig[name] = "*i64" if dropout == 2 else "*u8"
         elif name in TENSORS:
             sig[name] = dtype
         elif name in POINTERS:
@@ -54,7 +56,9 @@ def _signature(fn, dtype: str, mask_kind: int) -> dict[str, str]:
 
 def variants():
     """(kernel, dtype, flags, tiles, warps): every flag on and off across a few variants."""
-    combos = [(0, 0, 0, 0, 0), (1, 1, 1, 1, 1), (2, 1, 0, 1, 0), (0, 1, 0, 0, 1)]
+    # DROPOUT 2 (the Philox mask computed in the kernel) with every flag on, 1 (a keep mask
+    # read by tile) in float32.
+    combos = [(0, 0, 0, 0, 0), (1, 1, 1, 1, 2), (2, 1, 0, 1, 0), (0, 1, 0, 0, 1)]
     kernels = (K.attention_forward, KB.attention_backward_dq, KB.attention_backward_dkdv)
     for fn, (dtype, flags) in itertools.product(
         kernels, [("*bf16", combos[0]), ("*bf16", combos[1]), ("*fp16", combos[2]),
@@ -110,7 +114,8 @@ def _flex_calls():
 
 
 def _dense_calls():
-    """``(label, call)``: the dense forward and backward (T = S = 4096, plain and causal), a
+    """``(label, call)``: the dense forward and backward (T = S = 4096, plain, causal, and
+    causal with dropout's Philox mask computed in the kernels), a
     decoding step (one query, H = 32 over Hkv = 8, S = 32768) and a paged decoding step (8
     sequences of 4096 positions in pages of 16) as qkv launches them, bf16, D = 128."""
     import torch
@@ -118,11 +123,12 @@ def _dense_calls():
     from qkv.attention import triton_launch as L
     from qkv.attention.backends.triton_kernel import _Spec
 
-    def dense(causal):
+    def dense(causal, dropout_p=0.0):
         q, k, v = (torch.empty(1, 4, 4096, 128, dtype=torch.bfloat16) for _ in range(3))
-        spec = _Spec(128 ** -0.5, 0 if causal else None, None, 0, 0.0)
-        out, lse = L.forward(q, k, v, None, None, None, spec)
-        L.backward(q, k, v, out, lse, torch.empty_like(out), None, None, None, None, spec)
+        spec = _Spec(128 ** -0.5, 0 if causal else None, None, 0, dropout_p)
+        keep = torch.tensor([1234, round(dropout_p * 2**31)]) if dropout_p else None  # Philox
+        out, lse = L.forward(q, k, v, None, None, keep, spec)
+        L.backward(q, k, v, out, lse, torch.empty_like(out), None, None, None, keep, spec)
 
     def decode():
         q = torch.empty(4, 32, 1, 128, dtype=torch.bfloat16)
@@ -141,7 +147,7 @@ def _dense_calls():
         L.paged_forward(q, layer.k_pool, layer.v_pool, tables, positions, 128 ** -0.5)
 
     return [("dense", lambda: dense(False)), ("causal", lambda: dense(True)),
-            ("decode", decode), ("paged", paged)]
+            ("dropout", lambda: dense(True, 0.1)), ("decode", decode), ("paged", paged)]
 
 
 def _launched() -> list[str]:
@@ -207,9 +213,10 @@ def main() -> int:
                               PRECISION="ieee" if dtype == "*fp32" else "tf32", UPCAST=False,
                               EVEN_D=flags["MASK_KIND"] != 2)
             constexprs["IS_CAUSAL"] = bool(constexprs["IS_CAUSAL"])
-            for f in ("HAS_WINDOW", "HAS_ALIBI", "HAS_DROPOUT"):
+            for f in ("HAS_WINDOW", "HAS_ALIBI"):
                 constexprs[f] = bool(constexprs[f])
-            src = ASTSource(fn, _signature(fn, dtype, flags["MASK_KIND"]), constexprs)
+            sig = _signature(fn, dtype, flags["MASK_KIND"], flags["DROPOUT"])
+            src = ASTSource(fn, sig, constexprs)
             label = f"sm_{target.arch} {fn.__name__} {dtype[1:]} {flags}"
             try:
                 triton.compile(src, target=target, options=dict(num_warps=warps,

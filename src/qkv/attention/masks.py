@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from qkv.attention.dropout import dropout_keep
 from qkv.attention.errors import AttentionArgumentError, AttentionTypeError
 from qkv.attention.mask_builders import (
     causal,
@@ -53,7 +54,6 @@ from qkv.attention.mask_lint import MaskReport, check
 from qkv.attention.rows import (
     EXP_FLOOR,
     dead_rows,
-    dropout_keep,
     exp_floored_,
     exp_shifted_,
     poison_rows,

@@ -6,7 +6,6 @@ query rows, and exps kept out of the subnormal range.
 * A non-finite query row gives a NaN output row, dead or not: :func:`poison_rows`.
 * :func:`exp_shifted_` / :func:`exp_floored_`: the softmax's exps with weights below
   ``exp(EXP_FLOOR)`` set to exactly 0, at the speed of normal floats.
-* :func:`dropout_keep`: torch's dropout mask, drawn as torch draws it.
 
 Re-exported by :mod:`qkv.attention.masks`, where callers find them.
 """
@@ -14,21 +13,15 @@ Re-exported by :mod:`qkv.attention.masks`, where callers find them.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from qkv.attention.errors import AttentionArgumentError
-from qkv.checks import memory_bytes, values_unknown
-
-if TYPE_CHECKING:
-    from qkv.attention.call import AttentionCall
+from qkv.checks import values_unknown
 
 __all__ = [
     "EXP_FLOOR",
     "dead_rows",
-    "dropout_keep",
     "exp_floored_",
     "exp_shifted_",
     "poison_rows",
@@ -88,49 +81,6 @@ def exp_floored_(x: Tensor) -> Tensor:
 def safe_total(total: Tensor) -> Tensor:
     """Softmax denominators with a dead row's 0 replaced by 1 (its numerators are all 0)."""
     return total.masked_fill(total == 0, 1.0)
-
-
-def dropout_keep(call: AttentionCall) -> Tensor:
-    """torch's dropout keep mask ``(B, H, T, S)`` bool for ``call``, drawn as torch draws it.
-
-    torch's math SDPA applies ``at::dropout`` to the ``(B, H, T, S)`` weights in the query
-    dtype; dropping a tensor of ones of that shape and dtype consumes the generator the same
-    way, so the same seed drops the same positions on the math and flash backends, whatever
-    dtype they compute the weights in.
-    """
-    B, H, T = call.query.shape[:3]
-    _check_keep_fits(call)
-    ones = torch.ones(B, H, T, call.S, dtype=call.query.dtype, device=call.query.device)
-    return torch.dropout(ones, call.dropout_p, True) != 0  # (B, H, T, S)
-
-
-def _check_keep_fits(call: AttentionCall) -> None:
-    """Refuse, before drawing it, a keep mask that would not fit: drawing it holds the ones,
-    their dropped copy and the bool result, ``B·H·T·S · (2·itemsize + 1)`` bytes, which at
-    long sequences is more than the attention's own memory by far (T = S = 16384, B = 4,
-    H = 16, bfloat16: 80 GiB). The limit is half the machine's memory on the CPU (as for a
-    capture's weights), the device's free memory on a GPU."""
-    q = call.query
-    B, H, T = q.shape[:3]
-    count = B * H * T * call.S
-    need = count * (2 * q.element_size() + 1)
-    if need < 1 << 30:
-        return
-    if q.device.type == "cuda":
-        limit, where = torch.cuda.mem_get_info(q.device)[0], "free on this GPU"
-    else:
-        limit, where = _memory_bytes() // 2, "half this machine's memory"
-    if limit and need > limit:
-        other = ("backend='torch' (its fused GPU kernel draws dropout inside the kernel), "
-                 if q.device.type == "cuda" else "")
-        raise AttentionArgumentError(
-            f"dropout_p={call.dropout_p} draws torch's keep mask of (B, H, T, S) = "
-            f"({B}, {H}, {T}, {call.S}), {need / 2**30:.1f} GiB while it is drawn, more than "
-            f"the {limit / 2**30:.1f} GiB {where}: use {other}dropout_p=0, or shorter "
-            "sequences or fewer rows a call")
-
-
-_memory_bytes = memory_bytes  # (one name here, so a test can stand in a smaller machine)
 
 
 # --- non-finite inputs: never hidden ------------------------------------------------------

@@ -22,6 +22,7 @@ from qkv.attention.triton_kernels import (
     load_tile,
     matmul,
     packed_rows,
+    philox_keep,
     spans,
 )
 
@@ -31,7 +32,7 @@ def _dq_span(
     dq, q, do, lse, delta, K_at, V_at, start, end, b, h, i, rows_ok, M, SLOPES, KEEP,
     sks, svs, smb, smh, smt, sms, H, T, S, D, DV, scale, causal, window, alibi_shift,
     keep_scale, MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, EDGE: tl.constexpr,
     EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
@@ -41,12 +42,12 @@ def _dq_span(
         k, v, s, keep = key_tile(
             q, K_at, V_at, j0, S, b, h, i, rows_ok, M, SLOPES, KEEP, sks, svs,
             smb, smh, smt, sms, H, T, S, D, DV, scale, causal, window, alibi_shift,
-            MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, HAS_DROPOUT, PRECISION, UPCAST, EDGE,
+            MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, DROPOUT, PRECISION, UPCAST, EDGE,
             EVEN_D, BLOCK_N, BLOCK_D, BLOCK_DV,
         )
         p = tl.math.exp2(s - lse[:, None])
         dp = matmul(do, tl.trans(v), PRECISION, UPCAST)
-        if HAS_DROPOUT:
+        if DROPOUT:
             dp = tl.where(keep, dp * keep_scale, 0.0)
         ds = p * (dp - delta[:, None])
         dq += matmul(ds.to(k.dtype), k, PRECISION, UPCAST)
@@ -61,7 +62,7 @@ def attention_backward_dq(
     H, G, T, S, D, DV,
     scale, causal, window, alibi_shift, keep_scale,
     MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
     UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
@@ -86,19 +87,19 @@ def attention_backward_dq(
     dq = _dq_span(
         dq, q, do, lse, delta, K_at, V_at, lo, a, b, h, i, rows_ok, M, SLOPES, KEEP,
         sks, svs, smb, smh, smt, sms, H, T, S, D, DV, scale2, causal, window, alibi_shift,
-        keep_scale, MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, HAS_DROPOUT, PRECISION,
+        keep_scale, MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, DROPOUT, PRECISION,
         UPCAST, True, EVEN_D, BLOCK_N, BLOCK_D, BLOCK_DV,
     )
     dq = _dq_span(
         dq, q, do, lse, delta, K_at, V_at, a, c, b, h, i, rows_ok, M, SLOPES, KEEP,
         sks, svs, smb, smh, smt, sms, H, T, S, D, DV, scale2, causal, window, alibi_shift,
-        keep_scale, MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, HAS_DROPOUT, PRECISION,
+        keep_scale, MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, DROPOUT, PRECISION,
         UPCAST, False, EVEN_D, BLOCK_N, BLOCK_D, BLOCK_DV,
     )
     dq = _dq_span(
         dq, q, do, lse, delta, K_at, V_at, c, hi, b, h, i, rows_ok, M, SLOPES, KEEP,
         sks, svs, smb, smh, smt, sms, H, T, S, D, DV, scale2, causal, window, alibi_shift,
-        keep_scale, MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, HAS_DROPOUT, PRECISION,
+        keep_scale, MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, DROPOUT, PRECISION,
         UPCAST, True, EVEN_D, BLOCK_N, BLOCK_D, BLOCK_DV,
     )
     at = DQ + row[:, None] * D + d[None, :]
@@ -110,7 +111,7 @@ def tile_scores_t(
     k, q, b, h, i, j, rows_ok, cols_ok, M, SLOPES, KEEP,
     smb, smh, smt, sms, H, T, S, scale, causal, window, alibi_shift,
     MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
     UPCAST: tl.constexpr, EDGE: tl.constexpr,
 ):
     """:func:`~qkv.attention.triton_kernels.tile_scores` transposed, for one query head
@@ -139,9 +140,11 @@ def tile_scores_t(
                 visible = visible & (j[:, None] > i[None, :] + causal - window)
         s = tl.where(visible, s, float("-inf"))
     keep = inside  # unused without dropout (a compiled kernel cannot return None)
-    if HAS_DROPOUT:
+    if DROPOUT == 1:
         row = (b * H + h) * T + i[None, :].to(tl.int64)
         keep = tl.load(KEEP + row * S + j[:, None], mask=inside, other=0) != 0
+    if DROPOUT == 2:
+        keep = philox_keep(KEEP, b * H + h, i[None, :], j[:, None])
     return s, keep
 
 
@@ -150,7 +153,7 @@ def _dkdv_span(
     dk, dvacc, k, v, Q_at, DO_at, LSE_at, DELTA_at, start, end, b, hs, j, cols_ok,
     M, SLOPES, KEEP, sqt, sdt, smb, smh, smt, sms, H, T, S, D, DV, scale, causal,
     window, alibi_shift, keep_scale, MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, EDGE: tl.constexpr,
     EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
@@ -173,12 +176,12 @@ def _dkdv_span(
         s, keep = tile_scores_t(
             k, q, b, hs, i, j, rows_ok, cols_ok, M, SLOPES, KEEP, smb, smh, smt, sms,
             H, T, S, scale, causal, window, alibi_shift,
-            MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, HAS_DROPOUT, PRECISION, UPCAST, EDGE,
+            MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, DROPOUT, PRECISION, UPCAST, EDGE,
         )
         p = tl.math.exp2(s - lse[None, :] * 1.4426950408889634)  # Pᵀ (BN, BM)
         dp = matmul(v, tl.trans(do), PRECISION, UPCAST)  # dPᵀ
         p_applied = p
-        if HAS_DROPOUT:
+        if DROPOUT:
             p_applied = tl.where(keep, p * keep_scale, 0.0)
             dp = tl.where(keep, dp * keep_scale, 0.0)
         dvacc += matmul(p_applied.to(do.dtype), do, PRECISION, UPCAST)
@@ -195,7 +198,7 @@ def attention_backward_dkdv(
     H, G, T, S, D, DV,
     scale, causal, window, alibi_shift, keep_scale,
     MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
     UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
@@ -240,19 +243,19 @@ def attention_backward_dkdv(
             dk, dvacc, k, v, Q_at, DO_at, LSE_at, DELTA_at, lo, a, b, hs, j, cols_ok,
             M, SLOPES, KEEP, sqt, sdt, smb, smh, smt, sms, H, T, S, D, DV, scale2, causal,
             window, alibi_shift, keep_scale, MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI,
-            HAS_DROPOUT, PRECISION, UPCAST, True, EVEN_D, BLOCK_M, BLOCK_D, BLOCK_DV,
+            DROPOUT, PRECISION, UPCAST, True, EVEN_D, BLOCK_M, BLOCK_D, BLOCK_DV,
         )
         dk, dvacc = _dkdv_span(
             dk, dvacc, k, v, Q_at, DO_at, LSE_at, DELTA_at, a, c, b, hs, j, cols_ok,
             M, SLOPES, KEEP, sqt, sdt, smb, smh, smt, sms, H, T, S, D, DV, scale2, causal,
             window, alibi_shift, keep_scale, MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI,
-            HAS_DROPOUT, PRECISION, UPCAST, False, EVEN_D, BLOCK_M, BLOCK_D, BLOCK_DV,
+            DROPOUT, PRECISION, UPCAST, False, EVEN_D, BLOCK_M, BLOCK_D, BLOCK_DV,
         )
         dk, dvacc = _dkdv_span(
             dk, dvacc, k, v, Q_at, DO_at, LSE_at, DELTA_at, c, hi, b, hs, j, cols_ok,
             M, SLOPES, KEEP, sqt, sdt, smb, smh, smt, sms, H, T, S, D, DV, scale2, causal,
             window, alibi_shift, keep_scale, MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI,
-            HAS_DROPOUT, PRECISION, UPCAST, True, EVEN_D, BLOCK_M, BLOCK_D, BLOCK_DV,
+            DROPOUT, PRECISION, UPCAST, True, EVEN_D, BLOCK_M, BLOCK_D, BLOCK_DV,
         )
     at = (b * Hkv + hkv) * S + j
     tl.store(DK + at[:, None] * D + d[None, :], (dk * scale).to(DK.dtype.element_ty),

@@ -13,15 +13,16 @@ loaded once for all of them, so grouped-query attention never repeats K or V, an
 step (``T = 1``) fills a tile with its group's heads. A third grid axis splits the keys
 (flash-decoding): each split writes its own output and log-sum-exp, merged afterwards.
 
-Every mask part of an :class:`~qkv.attention.call.AttentionCall` is computed per tile, with
-the meaning :func:`qkv.attention.masks.apply_mask` gives it: the causal diagonal
-``j <= i + causal`` and window ``j > i + causal - window``, ALiBi ``-slope_h·|i + shift - j|``,
-a boolean keep mask or a float mask read through its (broadcast, stride-0) strides, and
-torch's dropout keep mask (drawn by :func:`qkv.attention.masks.dropout_keep`, so one seed
-drops the same weights as every other backend). Only tiles that the diagonal, the window edge
-or the end of the keys cross build the structure mask (*edge* spans); the tiles between them
-(the *inner* span) skip it. A row with no visible key keeps ``l = 0``: zero output,
-``lse = -inf``, zero gradients.
+Every mask part of an :class:`~qkv.attention.call.AttentionCall` is computed per tile, with the
+meaning :func:`qkv.attention.masks.apply_mask` gives it: the causal diagonal ``j <= i +
+causal`` and window ``j > i + causal - window``, ALiBi ``-slope_h·|i + shift - j|``, a boolean
+keep mask or a float mask read through its (broadcast, stride-0) strides, and dropout as
+:mod:`qkv.attention.dropout` defines it (``DROPOUT`` 1: a drawn keep mask read by tile, on CPU
+tensors; 2: the counter-based mask computed in the kernel from a seed, on a GPU), so one seed
+drops the same weights as every other backend. Only tiles that the diagonal, the window edge or
+the end of the keys cross build the structure mask (*edge* spans); the tiles between them (the
+*inner* span) skip it. A row with no visible key keeps ``l = 0``: zero output, ``lse = -inf``,
+zero gradients.
 
 Scores are kept in base 2 (``scale`` arrives multiplied by log₂e, biases are multiplied by
 it), so each probability is one ``exp2``. Shapes: ``q (B, H, T, D)``, ``k (B, Hkv, S, D)``,
@@ -51,7 +52,7 @@ def tile_scores(
     q, k, b, h, i, j, rows_ok, cols_ok, M, SLOPES, KEEP,
     smb, smh, smt, sms, H, T, S, scale, causal, window, alibi_shift,
     MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
     UPCAST: tl.constexpr, EDGE: tl.constexpr,
 ):
     """Scores ``(BM, BN)`` in base 2 of query rows ``(b, h[r], i[r])`` against keys ``j``,
@@ -80,10 +81,24 @@ def tile_scores(
                 visible = visible & (j[None, :] > i[:, None] + causal - window)
         s = tl.where(visible, s, float("-inf"))
     keep = inside  # unused without dropout (a compiled kernel cannot return None)
-    if HAS_DROPOUT:
+    if DROPOUT == 1:
         row = (b * H + h[:, None].to(tl.int64)) * T + i[:, None].to(tl.int64)
         keep = tl.load(KEEP + row * S + j[None, :], mask=inside, other=0) != 0
+    if DROPOUT == 2:
+        keep = philox_keep(KEEP, (b * H + h)[:, None], i[:, None], j[None, :])
     return s, keep
+
+
+@triton.jit
+def philox_keep(STATE, bh, i, j):
+    """The counter-based dropout keep tile of :mod:`qkv.attention.dropout`: weight
+    ``(b, h, i, j)`` is kept when the first word of Philox4x32-10 keyed by ``STATE[0]`` at
+    counter ``(j, i, b·H + h, 0)`` has ``>> 1 >= STATE[1]``. ``bh``, ``i``, ``j`` broadcast
+    to the tile (either orientation); the first rounds run on the vectors alone."""
+    seed = tl.load(STATE)
+    below = tl.load(STATE + 1).to(tl.int32)
+    word, _, _, _ = tl.philox(seed, j.to(tl.uint32), i.to(tl.uint32), bh.to(tl.uint32), 0)
+    return (word >> 1).to(tl.int32, bitcast=True) >= below
 
 
 @triton.jit
@@ -169,7 +184,7 @@ def key_tile(
     q, K_at, V_at, j0, cols_end, b, h, i, rows_ok, M, SLOPES, KEEP, sks, svs,
     smb, smh, smt, sms, H, T, S, D, DV, scale, causal, window, alibi_shift,
     MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
     UPCAST: tl.constexpr, EDGE: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
@@ -182,7 +197,7 @@ def key_tile(
     s, keep = tile_scores(
         q, k, b, h, i, j, rows_ok, cols_ok, M, SLOPES, KEEP, smb, smh, smt, sms,
         H, T, S, scale, causal, window, alibi_shift,
-        MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, HAS_DROPOUT, PRECISION, UPCAST, EDGE,
+        MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, DROPOUT, PRECISION, UPCAST, EDGE,
     )
     return k, v, s, keep
 
@@ -205,7 +220,7 @@ def _forward_span(
     acc, l, m, q, K_at, V_at, start, end, cols_end, b, h, i, rows_ok, M, SLOPES, KEEP,
     sks, svs, smb, smh, smt, sms, H, T, S, D, DV, scale, causal, window, alibi_shift,
     keep_scale, MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, EDGE: tl.constexpr,
     EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
@@ -215,7 +230,7 @@ def _forward_span(
         _, v, s, keep = key_tile(
             q, K_at, V_at, j0, cols_end, b, h, i, rows_ok, M, SLOPES, KEEP, sks, svs,
             smb, smh, smt, sms, H, T, S, D, DV, scale, causal, window, alibi_shift,
-            MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, HAS_DROPOUT, PRECISION, UPCAST, EDGE,
+            MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, DROPOUT, PRECISION, UPCAST, EDGE,
             EVEN_D, BLOCK_N, BLOCK_D, BLOCK_DV,
         )
         m_new = tl.maximum(m, tl.max(s, 1))
@@ -223,7 +238,7 @@ def _forward_span(
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m - m_safe)
         l = l * alpha + tl.sum(p, 1)
-        if HAS_DROPOUT:
+        if DROPOUT:
             p = tl.where(keep, p * keep_scale, 0.0)
         acc = acc * alpha[:, None] + matmul(p.to(v.dtype), v, PRECISION, UPCAST)
         m = m_new
@@ -238,7 +253,7 @@ def attention_forward(
     H, G, T, S, D, DV, split_len,
     scale, causal, window, alibi_shift, keep_scale,
     MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
     UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
@@ -267,19 +282,19 @@ def attention_forward(
         acc, l, m, q, K_at, V_at, lo, a, split_hi, b, h, i, rows_ok, M, SLOPES,
         KEEP, sks, svs, smb, smh, smt, sms, H, T, S, D, DV, scale, causal, window,
         alibi_shift, keep_scale, MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI,
-        HAS_DROPOUT, PRECISION, UPCAST, True, EVEN_D, BLOCK_N, BLOCK_D, BLOCK_DV,
+        DROPOUT, PRECISION, UPCAST, True, EVEN_D, BLOCK_N, BLOCK_D, BLOCK_DV,
     )
     acc, l, m = _forward_span(  # the inner span: no structure mask
         acc, l, m, q, K_at, V_at, a, c, split_hi, b, h, i, rows_ok, M, SLOPES,
         KEEP, sks, svs, smb, smh, smt, sms, H, T, S, D, DV, scale, causal, window,
         alibi_shift, keep_scale, MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI,
-        HAS_DROPOUT, PRECISION, UPCAST, False, EVEN_D, BLOCK_N, BLOCK_D, BLOCK_DV,
+        DROPOUT, PRECISION, UPCAST, False, EVEN_D, BLOCK_N, BLOCK_D, BLOCK_DV,
     )
     acc, l, m = _forward_span(  # the edge tiles after it (the diagonal, the keys' end)
         acc, l, m, q, K_at, V_at, c, hi, split_hi, b, h, i, rows_ok, M, SLOPES,
         KEEP, sks, svs, smb, smh, smt, sms, H, T, S, D, DV, scale, causal, window,
         alibi_shift, keep_scale, MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI,
-        HAS_DROPOUT, PRECISION, UPCAST, True, EVEN_D, BLOCK_N, BLOCK_D, BLOCK_DV,
+        DROPOUT, PRECISION, UPCAST, True, EVEN_D, BLOCK_N, BLOCK_D, BLOCK_DV,
     )
     out, lse = finish_rows(acc, l, m, poisoned)
     o_at = (O + split * so_split + b * sob + h[:, None] * soh + i[:, None].to(tl.int64) * sot

@@ -4,7 +4,8 @@ flash-decoding's key splits.
 
 Shapes: ``q (B, H, T, D)``, ``k (B, Hkv, S, D)``, ``v (B, Hkv, S, Dv)``, ``mask`` 4-D
 broadcastable to ``(B, H, T, S)`` (bool keep or float added), ``alibi (H,)`` float32,
-``keep (B, H, T, S)`` bool (dropout), ``lse (B, H, T)`` float32.
+``keep`` dropout's ``(B, H, T, S)`` bool mask or ``(2,)`` int64 Philox state
+(:mod:`qkv.attention.dropout`), ``lse (B, H, T)`` float32.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def _pow2(n: int) -> int:
 def tiles(kind: str, rows: int, width: int, dtype: torch.dtype, extras: bool = False) -> Tiles:
     """Tiles for ``kind`` (``"forward"``, ``"backward"`` or ``"paged"``) of ``rows`` packed
     query rows and head width ``width`` (the larger of ``D`` and ``Dv``, padded to a power of
-    two); ``extras``: the kernel also reads a mask or ALiBi slopes each tile.
+    two); ``extras``: the kernel also reads a mask or ALiBi slopes, or computes dropout's
+    mask, each tile.
 
     Interpreted (CPU) runs take 16×16 tiles, so small test shapes still cross tiles. On a GPU,
     wider heads and float32 (twice the bytes a tile) take smaller tiles to fit shared memory.
@@ -69,7 +71,13 @@ def tiles(kind: str, rows: int, width: int, dtype: torch.dtype, extras: bool = F
             # warps held one (sm_90, benchmarks/triton_static.py; unmeasured on a GPU).
             return Tiles(_pow2(rows), min(n, 64), 4, 2 if wide else 3, 2 if wide else 3)
         return Tiles(m, n, warps, 2 if wide else 3)
-    return Tiles(32, 32, 4, 2) if wide else Tiles(64, 64, 4, 2)
+    if wide:
+        return Tiles(32, 32, 4, 2)
+    # With a mask, ALiBi or dropout each score, 64×64 tiles spill in dK/dV (sm_90, T = 4096,
+    # causal: ALiBi 376 bytes a thread, the Philox mask 432); 32-key tiles spill nothing in
+    # either kernel (benchmarks/triton_static.py; unmeasured on a GPU). Plain calls keep the
+    # 64×64 the H200 tile sweep chose.
+    return Tiles(64, 32, 4, 2) if extras else Tiles(64, 64, 4, 2)
 
 
 # Kernels (by name and compile-time options) whose launch fell back to fewer pipeline stages:
@@ -119,15 +127,24 @@ def _options(q, k, v, mask, alibi, keep, spec):
     m, kind, mstrides = _mask_args(mask, q)
     flags = dict(
         MASK_KIND=kind, IS_CAUSAL=spec.causal is not None, HAS_WINDOW=spec.window is not None,
-        HAS_ALIBI=alibi is not None, HAS_DROPOUT=keep is not None,
+        HAS_ALIBI=alibi is not None, DROPOUT=_dropout_kind(keep),
         PRECISION=_precision(q.dtype), UPCAST=interpreting() and q.dtype == torch.bfloat16,
         BLOCK_D=_pow2(q.shape[-1]), BLOCK_DV=_pow2(v.shape[-1]),
     )
     flags["EVEN_D"] = flags["BLOCK_D"] == q.shape[-1] and flags["BLOCK_DV"] == v.shape[-1]
     keep_scale = 1.0 / (1.0 - spec.dropout_p) if keep is not None else 1.0
     scalars = (spec.scale, spec.causal or 0, spec.window or 0, spec.alibi_shift, keep_scale)
-    extras = (m, q if keep is None else keep.view(torch.uint8), q if alibi is None else alibi)
+    keep = keep.view(torch.uint8) if keep is not None and keep.dtype == torch.bool else keep
+    extras = (m, q if keep is None else keep, q if alibi is None else alibi)
     return extras, mstrides, scalars, flags
+
+
+def _dropout_kind(keep: Tensor | None) -> int:
+    """The kernels' ``DROPOUT``: 0 none, 1 a drawn keep mask ``(B, H, T, S)`` bool, 2 the
+    counter-based mask of a ``(2,)`` int64 state (:func:`qkv.attention.dropout.dropout_state`)."""
+    if keep is None:
+        return 0
+    return 1 if keep.dtype == torch.bool else 2
 
 
 @functools.cache
@@ -163,7 +180,8 @@ def forward(q, k, v, mask, alibi, keep, spec) -> tuple[Tensor, Tensor]:
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
     G = H // Hkv
     extras, mstrides, scalars, flags = _options(q, k, v, mask, alibi, keep, spec)
-    t = tiles("forward", G * T, max(D, Dv), q.dtype, mask is not None or alibi is not None)
+    t = tiles("forward", G * T, max(D, Dv), q.dtype,
+              mask is not None or alibi is not None or keep is not None)
     row_blocks = -(-G * T // t.block_m)
     n = _splits(q, row_blocks * B * Hkv, S, t.block_n, t.resident) if keep is None else 1
     n, split_len = _split_len(S, n, t.block_n)
@@ -256,7 +274,8 @@ def backward(q, k, v, out, lse_safe, dout, dlse, mask, alibi, keep, spec):
     dv = torch.empty(B, Hkv, S, Dv, dtype=v.dtype, device=q.device)
     common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3],
               *mstrides, H, G, T, S, D, Dv, *scalars)
-    t = tiles("backward", G * T, max(D, Dv), q.dtype)
+    t = tiles("backward", G * T, max(D, Dv), q.dtype,
+              mask is not None or alibi is not None or keep is not None)
     options = flags | dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps,
                            num_stages=t.stages)
     _launch(triton_backward.attention_backward_dkdv, (-(-S // t.block_n), B * Hkv),

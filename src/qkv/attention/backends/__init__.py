@@ -31,8 +31,8 @@ A backend is a module (any object with these attributes will do) exposing:
 ``value (B, Hkv, S, Dv)`` with ``H = G·Hkv`` (``call.groups``: query heads ``h·G .. h·G+G-1``
 share key/value head ``h``), plus the mask parts (a user mask, a causal diagonal, a sliding
 window, ALiBi slopes; :func:`qkv.attention.masks.apply_mask` is their one definition),
-``scale`` and ``dropout_p`` (drawn with :func:`qkv.attention.masks.dropout_keep`, so one
-seed drops the same weights on every backend).
+``scale`` and ``dropout_p`` (drawn as :mod:`qkv.attention.dropout` defines, so one seed
+drops the same weights on every backend of a device).
 
 On every call it honours, a backend itself (no caller fixes its results up):
 

@@ -2,12 +2,13 @@
 (:mod:`qkv.attention.triton_kernels`), forward and backward.
 
 It honours what the ``flash`` backend honours, on CUDA tensors in float32, bfloat16 and
-float16: every mask part computed or read per tile (causal in both alignments, sliding
-windows, ALiBi, boolean and float user masks through their broadcast strides), grouped-query
-attention without repeating K or V, torch's dropout mask (the same seed drops the same
-weights as every backend), the log-sum-exp out (differentiable), weights rebuilt exactly from
-it (:func:`qkv.attention.weights.rebuild`), and the rules of the backend contract: zero
-output and gradients for a row with no visible key, NaN for a non-finite query row, empty
+float16: every mask part computed or read per tile (causal in both alignments, sliding windows,
+ALiBi, boolean and float user masks through their broadcast strides), grouped-query attention
+without repeating K or V, dropout as :mod:`qkv.attention.dropout` defines it (the same seed
+drops the same weights as every backend; on a GPU the kernels compute the mask from a seed, so
+no ``(B, H, T, S)`` tensor exists), the log-sum-exp out (differentiable), weights rebuilt
+exactly from it (:func:`qkv.attention.weights.rebuild`), and the rules of the backend contract:
+zero output and gradients for a row with no visible key, NaN for a non-finite query row, empty
 batches. Decoding (``G·T`` packed rows in one tile) splits the keys across programs and merges
 the splits by log-sum-exp (flash-decoding).
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from qkv.attention import dropout
 from qkv.attention.call import AttentionCall
 from qkv.attention.masks import dropout_keep, safe_lse
 from qkv.attention.triton_env import installed, interpreting
@@ -105,7 +107,10 @@ def attend(call: AttentionCall) -> tuple[Tensor, Tensor]:
 
         out, lse = empty_result(call)
         return out, lse.float()
-    keep = dropout_keep(call) if call.dropout_p > 0.0 else None
+    keep = None
+    if call.dropout_p > 0.0:  # on a GPU a seed: the kernels compute the mask (no (B,H,T,S))
+        keep = (dropout.dropout_state(call.dropout_p, q.device)
+                if dropout.counter_based(q.device) else dropout_keep(call))
     spec = _Spec(
         scale=call.scale, causal=call.causal, window=call.window,
         alibi_shift=call.alibi_shift, dropout_p=call.dropout_p,
