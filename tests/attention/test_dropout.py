@@ -141,7 +141,7 @@ def test_counter_based_dropout_equal_on_math_and_flash_with_gradients(counter_on
 def test_a_counter_based_mask_too_large_is_refused_before_it_is_drawn(counter_on_cpu,
                                                                        monkeypatch):
     monkeypatch.setattr(dropout, "_memory_bytes", lambda: 2 << 30)
-    q = k = v = torch.zeros(1, 4, 16384, 8)
+    q = k = v = torch.zeros(1, 4, 16384, 8, device="cpu")  # (the limit stood in is the CPU's)
     with pytest.raises(qkv.attention.AttentionArgumentError,
                        match=r"dropout_p=0.1 draws the counter-based keep mask of \(B, H, T, "
                              r"S\) = \(1, 4, 16384, 16384\), 1.2 GiB .* more than the 1.0 GiB"):

@@ -49,7 +49,8 @@ def _pinned(kind):
 
         def run(q, k, v):
             with sdpa_kernel(getattr(SDPBackend, kind)):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=kw["is_causal"])
+                return F.scaled_dot_product_attention(q, k, v, is_causal=kw["is_causal"],
+                                                      dropout_p=kw.get("dropout_p", 0.0))
         return run
     return make
 
@@ -215,6 +216,10 @@ def cases(quick: bool) -> list[dict]:
         -8.0 * torch.arange(1, sh["H"] + 1, device=dev) / sh["H"])},  # (H,) Press et al.
         {"torch_dense_bias": _torch_dense})
     add(f"alibi causal T={T}", "alibi", alibi, T=T, S=T)
+    # Dropout inside the kernels (qkv's Philox mask; torch's kernels draw their own).
+    add(f"dropout 0.1 causal T={T} fwd+bwd", "dropout", _standard(
+        {"is_causal": True, "dropout_p": 0.1},
+        {k: dense[k] for k in ("torch_flash", "torch_efficient")}), True, T=T, S=T)
     w = 16 if quick else 1024
     for T in [64, 128] if quick else [4096, 16384]:
         add(f"window {w} causal T={T}", "window", _standard(
