@@ -66,7 +66,12 @@ def values_unknown(t: torch.Tensor) -> bool:
 
     Value checks (ids in range, a 0/1 mask) are skipped then; everything else is checked.
     """
-    return torch.compiler.is_compiling() or t.device.type == "meta" or is_fake(t)
+    if torch.compiler.is_compiling() or t.device.type == "meta":
+        return True
+    if type(t) is torch.Tensor and not torch._is_functional_tensor(t) \
+            and not torch._C._functorch.is_functorch_wrapped_tensor(t):
+        return False  # a plain tensor holding its own values (0.2 us, where is_fake takes 1.5)
+    return is_fake(t)
 
 
 # Tensors whose values were checked last: id -> (weak reference, version counter, what).

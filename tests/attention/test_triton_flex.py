@@ -210,10 +210,11 @@ def test_path_says_which_kernel_runs_and_why(monkeypatch):
 @pytest.mark.skipif(bool(os.environ.get("ATEN_CPU_CAPABILITY")),
                     reason="compiling does not depend on the CPU's kernels: the first pass did it")
 def test_flex_kernels_compile_for_hopper_without_a_gpu():
-    """Forward, dQ and dK/dV for six masks and mods, compiled as launched on Hopper: loads
-    pipelined, at most 256 bytes a thread spilled."""
+    """Forward, dQ and dK/dV for six masks and mods and a document mask with dropout (its
+    Philox mask computed in the kernels), compiled as launched on Hopper: loads pipelined, at
+    most 256 bytes a thread spilled."""
     out = run_compile_check("--flex")
-    assert out.count("ok sm_90 flex") == 18, out
+    assert out.count("ok sm_90 flex") == 21 and "flex_backward_dkdv document dropout" in out, out
 
 
 @pytest.mark.parametrize("mod", ["alibi", "relative"])
@@ -273,3 +274,59 @@ def test_learned_relative_bias_with_t_unequal_s_and_odd_heads(bidirectional):
     got, want = run(torch.float32, "triton"), run(torch.float64, "tiles")
     for name, a, e in zip(["out", "dq", "dk", "dv", "d table"], got, want, strict=True):
         assert_close(a, e, atol=5e-5, rtol=5e-5, name=f"{name} T={T} S={S}")
+
+
+@pytest.fixture
+def counter_on_cpu(monkeypatch):
+    """Dropout as on a GPU, on this machine too: the counter-based mask (qkv.attention.dropout),
+    which the flex kernels compute themselves and the dense definition draws."""
+    from qkv.attention import dropout
+
+    monkeypatch.setattr(dropout, "counter_based", lambda device: True)
+
+
+@pytest.mark.parametrize("mod", [None, "alibi", "softcap"])
+@pytest.mark.parametrize("kind", ["document", "per head", "dead rows"])
+def test_dropout_in_the_flex_kernels_equals_the_dense_definition(kind, mod, counter_on_cpu):
+    """Block-sparse flex with dropout (what a qkv.nn module with a block mask trains with on a
+    GPU): the kernels' output and gradients equal the dense definition's (flex_dense: every
+    score, the mask_mod everywhere, the same seed's mask drawn (B, H, T, S))."""
+    from qkv.nn.core import flex_dense
+    from qkv.nn.hooks import AttentionInputs
+
+    shape = SHAPES[1]  # GQA, 32 x 16 blocks
+    H, T, S = shape[1], shape[3], shape[4]
+    bm = _block_mask(kind, shape)
+    score_mod = None if mod is None else _ready_mod(mod, H, T, S)
+    q, k, v = (t.requires_grad_() for t in _inputs(shape))
+    scale = q.shape[-1] ** -0.5
+    results = {}
+    for path in ("kernels", "dense"):
+        torch.manual_seed(21)
+        if path == "kernels":
+            out, _ = flex_triton.attend(q, k, v, bm, scale, score_mod, dropout_p=0.25)
+        else:
+            inputs = AttentionInputs(q, k, v, enable_gqa=True, dropout_p=0.25, scale=scale)
+            out, _ = flex_dense(inputs, score_mod, bm)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(out)
+        results[path] = (out, *torch.autograd.grad(out, (q, k, v), g))
+    for name, a, e in zip(("out", "dq", "dk", "dv"), *results.values(), strict=True):
+        assert_close(a, e, atol=3e-5, rtol=3e-5, name=f"flex dropout {kind} {mod} {name}")
+
+
+def test_a_module_with_a_block_mask_trains_with_dropout_on_the_kernels(counter_on_cpu,
+                                                                      monkeypatch):
+    """The routing: a flex record with dropout goes to the kernels where they serve it (on a
+    GPU; here the interpreter stands in), to the dense definition when weights are asked."""
+    from qkv.nn import core
+    from qkv.nn.hooks import AttentionInputs
+
+    shape = SHAPES[0]
+    bm = _block_mask("document", shape)
+    q, k, v = _inputs(shape)
+    inputs = AttentionInputs(q, k, v, dropout_p=0.1, block_mask=bm)
+    monkeypatch.setattr(flex_triton, "why_not", lambda *a, named: None)  # as on a GPU
+    assert core.drops_in_kernel(inputs, None, bm, need_weights=False)
+    assert not core.drops_in_kernel(inputs, None, bm, need_weights=True)
+    monkeypatch.undo()  # the CPU rule again: torch's draw, the dense definition
+    assert not core.drops_in_kernel(inputs, None, bm, need_weights=False)

@@ -98,18 +98,21 @@ def _flex_calls():
              "causal learned relative": (lambda b, h, i, j: j <= i, relative_bias(
                  torch.zeros(32, 4, requires_grad=True), 32, 128, False)),
              "causal learned alibi": (lambda b, h, i, j: j <= i,
-                                      alibi(torch.ones(4, requires_grad=True)))}
+                                      alibi(torch.ones(4, requires_grad=True))),
+             "document dropout": (lambda b, h, i, j: doc[i] == doc[j], None)}
     for label, (mask_mod, score_mod) in masks.items():
         learned = "learned" in label
+        # dropout: the Philox state (seed, threshold), the mask computed in the kernels
+        drop = torch.tensor([1234, round(0.1 * 2**31)]) if "dropout" in label else None
 
-        def call(mask_mod=mask_mod, score_mod=score_mod, learned=learned):
+        def call(mask_mod=mask_mod, score_mod=score_mod, learned=learned, drop=drop):
             bm = qkv.create_block_mask(mask_mod, None, None, T, T)
             q, k, v = (torch.empty(1, 4, T, D, dtype=torch.bfloat16) for _ in range(3))
             tab, mod = flex_triton.tables(bm, q.device), flex_triton.score_mod_params(
                 score_mod, q, T)
-            out, lse = L.flex_forward(q, k, v, tab, bm, D ** -0.5, mod)
+            out, lse = L.flex_forward(q, k, v, tab, bm, D ** -0.5, mod, drop, 0.1)
             L.flex_backward(q, k, v, out, lse, torch.empty_like(out), None, tab, bm,
-                            D ** -0.5, mod, grad_mod=learned)
+                            D ** -0.5, mod, grad_mod=learned, drop=drop, dropout_p=0.1)
         yield label, call
 
 

@@ -31,7 +31,8 @@ from qkv.checks import memory_bytes
 if TYPE_CHECKING:
     from qkv.attention.call import AttentionCall
 
-__all__ = ["counter_based", "dropout_keep", "dropout_state", "philox4x32", "philox_keep"]
+__all__ = ["counter_based", "draw_keep", "dropout_keep", "dropout_state", "philox4x32",
+           "philox_keep"]
 
 _WORD = 0xFFFFFFFF
 _ROUND = (0xD2511F53, 0xCD9E8D57)  # Philox4x32's multipliers
@@ -93,33 +94,39 @@ def philox_keep(state: Tensor, B: int, H: int, T: int, S: int) -> Tensor:
 
 
 def dropout_keep(call: AttentionCall) -> Tensor:
-    """The keep mask ``(B, H, T, S)`` bool of ``call`` (see the module docstring for which).
+    """The keep mask ``(B, H, T, S)`` bool of ``call``: :func:`draw_keep` for its query."""
+    q = call.query
+    return draw_keep(*q.shape[:3], call.S, call.dropout_p, q)
+
+
+def draw_keep(B: int, H: int, T: int, S: int, p: float, query: Tensor) -> Tensor:
+    """The keep mask ``(B, H, T, S)`` bool of dropout ``p`` on the weights of ``query``'s
+    attention (its device and dtype), from the source the module docstring names.
 
     On the CPU, torch's draw: torch's math SDPA applies ``at::dropout`` to the ``(B, H, T, S)``
     weights in the query dtype; dropping a tensor of ones of that shape and dtype consumes the
     generator the same way, so the same seed drops the same positions as torch, whatever
     dtype a backend computes the weights in. Elsewhere :func:`philox_keep` of a fresh
     :func:`dropout_state`.
+
+    Raises:
+        AttentionArgumentError: the mask would not fit in memory (before it is drawn).
     """
-    q = call.query
-    B, H, T = q.shape[:3]
-    _check_keep_fits(call)
-    if counter_based(q.device):
-        return philox_keep(dropout_state(call.dropout_p, q.device), B, H, T, call.S)
-    ones = torch.ones(B, H, T, call.S, dtype=q.dtype, device=q.device)
-    return torch.dropout(ones, call.dropout_p, True) != 0  # (B, H, T, S)
+    _check_keep_fits(B, H, T, S, p, query)
+    if counter_based(query.device):
+        return philox_keep(dropout_state(p, query.device), B, H, T, S)
+    ones = torch.ones(B, H, T, S, dtype=query.dtype, device=query.device)
+    return torch.dropout(ones, p, True) != 0  # (B, H, T, S)
 
 
-def _check_keep_fits(call: AttentionCall) -> None:
+def _check_keep_fits(B: int, H: int, T: int, S: int, p: float, q: Tensor) -> None:
     """Refuse, before drawing it, a keep mask that would not fit. torch's draw holds the
     ones, their dropped copy and the bool result, ``B·H·T·S · (2·itemsize + 1)`` bytes, which
     at long sequences is more than the attention's own memory by far (T = S = 16384, B = 4,
     H = 16, bfloat16: 80 GiB); the counter-based draw holds the result and one chunk's
     temporaries. The limit is half the machine's memory on the CPU (as for a capture's
     weights), the device's free memory on a GPU."""
-    q = call.query
-    B, H, T = q.shape[:3]
-    count = B * H * T * call.S
+    count = B * H * T * S
     counter = counter_based(q.device)
     need = count + 12 * 8 * _CHUNK if counter else count * (2 * q.element_size() + 1)
     if need < 1 << 30:
@@ -133,8 +140,8 @@ def _check_keep_fits(call: AttentionCall) -> None:
         other = ("backend='triton' (it draws the same mask inside its kernels) or 'torch', "
                  if counter else "")
         raise AttentionArgumentError(
-            f"dropout_p={call.dropout_p} draws {kind} of (B, H, T, S) = "
-            f"({B}, {H}, {T}, {call.S}), {need / 2**30:.1f} GiB while it is drawn, more than "
+            f"dropout_p={p} draws {kind} of (B, H, T, S) = "
+            f"({B}, {H}, {T}, {S}), {need / 2**30:.1f} GiB while it is drawn, more than "
             f"the {limit / 2**30:.1f} GiB {where}: use {other}dropout_p=0, or shorter "
             "sequences or fewer rows a call")
 

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from qkv.attention.dropout import dropout_state
 from qkv.attention.flex_blocks import EMPTY, PARTIAL, BlockMask, tile_keep
 from qkv.attention.masks import safe_lse
 from qkv.attention.score_mods import check_head_count, relative_position_bucket
@@ -160,16 +161,24 @@ def score_mod_params(score_mod, query: Tensor, S: int) -> ScoreMod:
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float,
-           score_mod=None):
-    """``(out (B, H, T, Dv), lse (B, H, T) float32)``, differentiable in q, k, v (and lse)."""
+           score_mod=None, dropout_p: float = 0.0):
+    """``(out (B, H, T, Dv), lse (B, H, T) float32)``, differentiable in q, k, v (and lse).
+
+    ``dropout_p > 0`` drops weights by the counter-based mask of :mod:`qkv.attention.dropout`
+    (one seed drawn here, the mask computed in the kernels, forward and backward): the mask
+    the dense definition (``qkv.nn.core.flex_dense``) draws on a GPU. The lse is that of the
+    weights before dropout.
+    """
     tab = tables(block_mask, q.device)
     mod = score_mod_params(score_mod, q, k.shape[2])
     data = mod.data if mod.data is not None else q.new_empty(0)
+    drop = dropout_state(dropout_p, q.device) if dropout_p > 0.0 else None
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, data)):
-        return _FlexFunction.apply(q, k, v, data, tab, block_mask, scale, mod)
+        return _FlexFunction.apply(q, k, v, data, tab, block_mask, scale, mod, drop,
+                                   dropout_p)
     from qkv.attention.triton_launch import flex_forward as forward
 
-    return forward(q, k, v, tab, block_mask, scale, mod)
+    return forward(q, k, v, tab, block_mask, scale, mod, drop, dropout_p)
 
 
 class _FlexFunction(torch.autograd.Function):
@@ -177,13 +186,14 @@ class _FlexFunction(torch.autograd.Function):
     ALiBi slopes, a learned relative bias: their gradient comes out of the ``dQ`` kernel)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, data, tab, block_mask, scale, mod):
+    def forward(ctx, q, k, v, data, tab, block_mask, scale, mod, drop, dropout_p):
         from qkv.attention.triton_launch import flex_forward as forward
 
         mod = replace(mod, data=None if mod.data is None else data.detach())
-        out, lse = forward(q, k, v, tab, block_mask, scale, mod)
+        out, lse = forward(q, k, v, tab, block_mask, scale, mod, drop, dropout_p)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (tab, block_mask, scale, mod)
+        ctx.dropout = (drop, dropout_p)
         ctx.set_materialize_grads(False)
         return out, lse
 
@@ -196,5 +206,6 @@ class _FlexFunction(torch.autograd.Function):
             dout = torch.zeros_like(out)
         grad_mod = ctx.needs_input_grad[3] and ctx.args[3].kind in (1, 3)
         dq, dk, dv, dmod = backward(q, k, v, out, safe_lse(lse), dout, dlse, *ctx.args,
-                                    grad_mod=grad_mod)
-        return dq, dk, dv, dmod, None, None, None, None
+                                    grad_mod=grad_mod, drop=ctx.dropout[0],
+                                    dropout_p=ctx.dropout[1])
+        return dq, dk, dv, dmod, None, None, None, None, None, None

@@ -23,6 +23,11 @@ Three ready score mods run inside the kernels (``SCORE_MOD``): ALiBi
 buckets are torch's own); any other ``score_mod`` keeps the tile loop. Learned slopes and
 tables get their gradient from the ``dQ`` kernel (``GRAD_MOD``, into ``DMOD_DATA``).
 
+Dropout (``DROPOUT``, the ``DROP`` state of :func:`qkv.attention.dropout.dropout_state`):
+each kernel computes the counter-based keep tile of the weights it visits
+(:func:`~qkv.attention.triton_kernels.philox_keep`; transposed in ``dK``/``dV``), the mask
+the dense definition draws on a GPU, so nothing of size ``(B, H, T, S)`` exists.
+
 Shapes: ``q (B, H, T, D)``, ``k (B, Hkv, S, D)``, ``v (B, Hkv, S, Dv)``; ``lse (B, H, T)``
 float32 natural log; ``dQ``, ``dK``, ``dV`` contiguous. Scores in base 2 inside, as in
 :mod:`qkv.attention.triton_kernels`.
@@ -37,6 +42,7 @@ from qkv.attention.triton_kernels import (
     finish_rows,
     load_tile,
     matmul,
+    philox_keep,
     poisoned_rows,
     softmax_step,
 )
@@ -136,23 +142,27 @@ def _visited(IDX, SLOT, KEEP, at, n, slot_at, slot_step, r0, SPARSE_M: tl.conste
 
 @triton.jit
 def _forward_step(q, K, V, m, l, acc, i, rows_ok, kt, keep_at, mod_at, sks, svs, S, D,
-                  DV, d, dv, offset, cap, scale, SCORE_MOD: tl.constexpr,
-                  PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr,
-                  MASKED: tl.constexpr):
+                  DV, d, dv, offset, cap, scale, bh, DROP, keep_scale,
+                  SCORE_MOD: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+                  UPCAST: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr, MASKED: tl.constexpr):
     """One key tile ``kt`` of the online softmax: the updated ``(m, l, acc)``."""
     _, v, s, _ = _key_tile(q, K, V, i, rows_ok, kt, keep_at, mod_at, sks, svs, S, D, DV,
                            d, dv, offset, cap, scale, SCORE_MOD, PRECISION, UPCAST, EVEN_D,
                            BLOCK_M, BLOCK_N, SPARSE_N, MASKED)
-    return softmax_step(m, l, acc, s, v, PRECISION, UPCAST)
+    keep = s == s  # (unused without dropout)
+    if DROPOUT:
+        keep = philox_keep(DROP, bh, i[:, None], kt * BLOCK_N + tl.arange(0, BLOCK_N)[None, :])
+    return softmax_step(m, l, acc, s, v, keep, keep_scale, PRECISION, UPCAST, DROPOUT)
 
 
 @triton.jit
 def flex_forward(
-    Q, K, V, O, L, KV_COUNT, KV_PART, KV_IDX, SLOT, KEEP, MOD_DATA,
+    Q, K, V, O, L, KV_COUNT, KV_PART, KV_IDX, SLOT, KEEP, MOD_DATA, DROP,
     sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, sob, soh, sot,
-    H, G, T, S, D, DV, nQ, nK, BB, HB, HT, scale, offset, cap,
-    SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
+    H, G, T, S, D, DV, nQ, nK, BB, HB, HT, scale, offset, cap, keep_scale,
+    SCORE_MOD: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
     SPARSE_M: tl.constexpr, SPARSE_N: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
@@ -182,14 +192,16 @@ def flex_forward(
         kt, keep_at = _visited(KV_IDX, SLOT, KEEP, row * nK, n, row * nK, 1, r0, SPARSE_M,
                                SPARSE_N, SUBS, True, True)
         m, l, acc = _forward_step(q, K, V, m, l, acc, i, rows_ok, kt, keep_at, mod_at,
-                                  sks, svs, S, D, DV, d, dv, offset, cap, scale, SCORE_MOD,
-                                  PRECISION, UPCAST, EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, True)
+                                  sks, svs, S, D, DV, d, dv, offset, cap, scale, b * H + h,
+                                  DROP, keep_scale, SCORE_MOD, DROPOUT, PRECISION, UPCAST,
+                                  EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, True)
     for n in range(part, tl.load(KV_COUNT + row) * SUBS):  # full blocks' tiles: no mask read
         kt, keep_at = _visited(KV_IDX, SLOT, KEEP, row * nK, n, row * nK, 1, r0, SPARSE_M,
                                SPARSE_N, SUBS, True, False)
         m, l, acc = _forward_step(q, K, V, m, l, acc, i, rows_ok, kt, keep_at, mod_at,
-                                  sks, svs, S, D, DV, d, dv, offset, cap, scale, SCORE_MOD,
-                                  PRECISION, UPCAST, EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, False)
+                                  sks, svs, S, D, DV, d, dv, offset, cap, scale, b * H + h,
+                                  DROP, keep_scale, SCORE_MOD, DROPOUT, PRECISION, UPCAST,
+                                  EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, False)
     out, lse = finish_rows(acc, l, m, poisoned)
     o_at = O + b * sob + h * soh + i[:, None].to(tl.int64) * sot + dv[None, :]
     tl.store(o_at, out.to(O.dtype.element_ty), mask=rows_ok[:, None] & (dv[None, :] < DV))
@@ -198,17 +210,22 @@ def flex_forward(
 
 @triton.jit
 def _dq_step(dq, q, do, lse, delta, K, V, i, rows_ok, kt, keep_at, mod_at, dmod_at, sks,
-             svs, S, D, DV, d, dv, offset, cap, scale, SCORE_MOD: tl.constexpr,
-             GRAD_MOD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-             EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             SPARSE_N: tl.constexpr, MASKED: tl.constexpr):
+             svs, S, D, DV, d, dv, offset, cap, scale, bh, DROP, keep_scale,
+             SCORE_MOD: tl.constexpr, GRAD_MOD: tl.constexpr, DROPOUT: tl.constexpr,
+             PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr,
+             MASKED: tl.constexpr):
     """``dq`` plus key tile ``kt``'s share; with ``GRAD_MOD``, the tile's share of the score
     mod's gradient added at ``dmod_at`` (:func:`_mod_grad`)."""
     k, v, s, dmod = _key_tile(q, K, V, i, rows_ok, kt, keep_at, mod_at, sks, svs, S, D,
                               DV, d, dv, offset, cap, scale, SCORE_MOD, PRECISION, UPCAST,
                               EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, MASKED)
     p = tl.math.exp2(s - lse[:, None])
-    ds = p * (matmul(do, tl.trans(v), PRECISION, UPCAST) - delta[:, None])
+    dp = matmul(do, tl.trans(v), PRECISION, UPCAST)
+    if DROPOUT:  # dO reaches the weights the forward kept, scaled as they were
+        j = kt * BLOCK_N + tl.arange(0, BLOCK_N)
+        dp = tl.where(philox_keep(DROP, bh, i[:, None], j[None, :]), dp * keep_scale, 0.0)
+    ds = p * (dp - delta[:, None])
     if SCORE_MOD == 2:
         ds = ds * dmod  # through the soft-cap
     if GRAD_MOD:
@@ -263,10 +280,10 @@ def _tile_t(k, q, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
 
 @triton.jit
 def _dkdv_step(dk, dvacc, k, v, Q, DO, LSE, DELTA, h, j, cols_ok, qt, keep_at, mod_at,
-               sqt, sdt, T, D, DV, d, dv, offset, cap, scale, SCORE_MOD: tl.constexpr,
-               PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr,
-               MASKED: tl.constexpr):
+               sqt, sdt, T, D, DV, d, dv, offset, cap, scale, bh, DROP, keep_scale,
+               SCORE_MOD: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+               UPCAST: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr, MASKED: tl.constexpr):
     """``(dk, dv)`` plus query tile ``qt``'s share (``Q``, ``DO`` at this ``(b, h)``),
     computed transposed (keys along rows)."""
     i = qt * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -279,8 +296,14 @@ def _dkdv_step(dk, dvacc, k, v, Q, DO, LSE, DELTA, h, j, cols_ok, qt, keep_at, m
     s, dmod = _tile_t(k, q, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
                       SCORE_MOD, PRECISION, UPCAST, BLOCK_M, BLOCK_N, SPARSE_N, MASKED)
     p = tl.math.exp2(s - lse[None, :])  # Pᵀ (BLOCK_N, BLOCK_M)
-    dvacc += matmul(p.to(do.dtype), do, PRECISION, UPCAST)
-    ds = p * (matmul(v, tl.trans(do), PRECISION, UPCAST) - delta[None, :])
+    dp = matmul(v, tl.trans(do), PRECISION, UPCAST)  # dPᵀ
+    p_applied = p
+    if DROPOUT:  # the forward's mask, transposed
+        keep = philox_keep(DROP, bh, i[None, :], j[:, None])
+        p_applied = tl.where(keep, p * keep_scale, 0.0)
+        dp = tl.where(keep, dp * keep_scale, 0.0)
+    dvacc += matmul(p_applied.to(do.dtype), do, PRECISION, UPCAST)
+    ds = p * (dp - delta[None, :])
     if SCORE_MOD == 2:
         ds = ds * dmod
     return dk + matmul(ds.to(q.dtype), q, PRECISION, UPCAST), dvacc
@@ -289,9 +312,10 @@ def _dkdv_step(dk, dvacc, k, v, Q, DO, LSE, DELTA, h, j, cols_ok, qt, keep_at, m
 @triton.jit
 def flex_backward_dq(
     Q, K, V, DO, LSE, DELTA, DQ, KV_COUNT, KV_PART, KV_IDX, SLOT, KEEP, MOD_DATA, DMOD_DATA,
-    sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, sdb, sdh, sdt,
-    H, G, T, S, D, DV, nQ, nK, BB, HB, HT, scale, offset, cap,
-    SCORE_MOD: tl.constexpr, GRAD_MOD: tl.constexpr, PRECISION: tl.constexpr,
+    DROP, sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, sdb, sdh, sdt,
+    H, G, T, S, D, DV, nQ, nK, BB, HB, HT, scale, offset, cap, keep_scale,
+    SCORE_MOD: tl.constexpr, GRAD_MOD: tl.constexpr, DROPOUT: tl.constexpr,
+    PRECISION: tl.constexpr,
     UPCAST: tl.constexpr, EVEN_D: tl.constexpr, SPARSE_M: tl.constexpr,
     SPARSE_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -325,24 +349,27 @@ def flex_backward_dq(
         kt, keep_at = _visited(KV_IDX, SLOT, KEEP, row * nK, n, row * nK, 1, r0, SPARSE_M,
                                SPARSE_N, SUBS, True, True)
         dq = _dq_step(dq, q, do, lse, delta, K, V, i, rows_ok, kt, keep_at, mod_at,
-                      dmod_at, sks, svs, S, D, DV, d, dv, offset, cap, scale, SCORE_MOD,
-                      GRAD_MOD, PRECISION, UPCAST, EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, True)
+                      dmod_at, sks, svs, S, D, DV, d, dv, offset, cap, scale, b * H + h,
+                      DROP, keep_scale, SCORE_MOD, GRAD_MOD, DROPOUT, PRECISION, UPCAST,
+                      EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, True)
     for n in range(part, tl.load(KV_COUNT + row) * SUBS):
         kt, keep_at = _visited(KV_IDX, SLOT, KEEP, row * nK, n, row * nK, 1, r0, SPARSE_M,
                                SPARSE_N, SUBS, True, False)
         dq = _dq_step(dq, q, do, lse, delta, K, V, i, rows_ok, kt, keep_at, mod_at,
-                      dmod_at, sks, svs, S, D, DV, d, dv, offset, cap, scale, SCORE_MOD,
-                      GRAD_MOD, PRECISION, UPCAST, EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, False)
+                      dmod_at, sks, svs, S, D, DV, d, dv, offset, cap, scale, b * H + h,
+                      DROP, keep_scale, SCORE_MOD, GRAD_MOD, DROPOUT, PRECISION, UPCAST,
+                      EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, False)
     tl.store(DQ + at[:, None] * D + d[None, :], (dq * scale).to(DQ.dtype.element_ty),
              mask=rows_ok[:, None] & (d[None, :] < D))
 
 
 @triton.jit
 def flex_backward_dkdv(
-    Q, K, V, DO, LSE, DELTA, DK, DV_, Q_COUNT, Q_PART, Q_IDX, SLOT, KEEP, MOD_DATA,
+    Q, K, V, DO, LSE, DELTA, DK, DV_, Q_COUNT, Q_PART, Q_IDX, SLOT, KEEP, MOD_DATA, DROP,
     sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, sdb, sdh, sdt,
-    H, G, T, S, D, DV, nQ, nK, BB, HB, HT, scale, offset, cap,
-    SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
+    H, G, T, S, D, DV, nQ, nK, BB, HB, HT, scale, offset, cap, keep_scale,
+    SCORE_MOD: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
     SPARSE_M: tl.constexpr, SPARSE_N: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
@@ -375,15 +402,17 @@ def flex_backward_dkdv(
                                    nK, c0, SPARSE_M, SPARSE_N, SUBS, False, True)
             dk, dvacc = _dkdv_step(dk, dvacc, k, v, q_at, do_at, lse_at, delta_at, h, j,
                                    cols_ok, qt, keep_at, mod_at, sqt, sdt, T, D, DV, d, dv,
-                                   offset, cap, scale, SCORE_MOD, PRECISION, UPCAST, EVEN_D,
-                                   BLOCK_M, BLOCK_N, SPARSE_N, True)
+                                   offset, cap, scale, b * H + h, DROP, keep_scale,
+                                   SCORE_MOD, DROPOUT, PRECISION, UPCAST, EVEN_D, BLOCK_M,
+                                   BLOCK_N, SPARSE_N, True)
         for n in range(part, tl.load(Q_COUNT + column) * SUBS):
             qt, keep_at = _visited(Q_IDX, SLOT, KEEP, column * nQ, n, plane * nQ * nK + kb,
                                    nK, c0, SPARSE_M, SPARSE_N, SUBS, False, False)
             dk, dvacc = _dkdv_step(dk, dvacc, k, v, q_at, do_at, lse_at, delta_at, h, j,
                                    cols_ok, qt, keep_at, mod_at, sqt, sdt, T, D, DV, d, dv,
-                                   offset, cap, scale, SCORE_MOD, PRECISION, UPCAST, EVEN_D,
-                                   BLOCK_M, BLOCK_N, SPARSE_N, False)
+                                   offset, cap, scale, b * H + h, DROP, keep_scale,
+                                   SCORE_MOD, DROPOUT, PRECISION, UPCAST, EVEN_D, BLOCK_M,
+                                   BLOCK_N, SPARSE_N, False)
     at = (b * Hkv + hkv) * S + j
     tl.store(DK + at[:, None] * D + d[None, :], (dk * scale).to(DK.dtype.element_ty),
              mask=cols_ok[:, None] & (d[None, :] < D))

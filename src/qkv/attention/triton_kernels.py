@@ -203,14 +203,19 @@ def key_tile(
 
 
 @triton.jit
-def softmax_step(m, l, acc, s, v, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+def softmax_step(m, l, acc, s, v, keep, keep_scale, PRECISION: tl.constexpr,
+                 UPCAST: tl.constexpr, DROPOUT: tl.constexpr):
     """One key tile of the online softmax: base-2 scores ``s (BM, BN)`` and values
-    ``v (BN, Dv)`` into the running ``(m, l, acc)``; the updated three."""
+    ``v (BN, Dv)`` into the running ``(m, l, acc)``; the updated three. With ``DROPOUT`` the
+    weights summed into ``acc`` are dropped where ``keep (BM, BN)`` is False and the rest
+    scaled by ``keep_scale``; the denominator ``l`` counts every weight."""
     m_new = tl.maximum(m, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # dead so far: exps give 0
     p = tl.math.exp2(s - m_safe[:, None])
     alpha = tl.math.exp2(m - m_safe)
     l = l * alpha + tl.sum(p, 1)
+    if DROPOUT:
+        p = tl.where(keep, p * keep_scale, 0.0)
     acc = acc * alpha[:, None] + matmul(p.to(v.dtype), v, PRECISION, UPCAST)
     return m_new, l, acc
 
@@ -233,15 +238,8 @@ def _forward_span(
             MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, DROPOUT, PRECISION, UPCAST, EDGE,
             EVEN_D, BLOCK_N, BLOCK_D, BLOCK_DV,
         )
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # dead so far: exps give 0
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m - m_safe)
-        l = l * alpha + tl.sum(p, 1)
-        if DROPOUT:
-            p = tl.where(keep, p * keep_scale, 0.0)
-        acc = acc * alpha[:, None] + matmul(p.to(v.dtype), v, PRECISION, UPCAST)
-        m = m_new
+        m, l, acc = softmax_step(m, l, acc, s, v, keep, keep_scale, PRECISION, UPCAST,
+                                 DROPOUT)
     return acc, l, m
 
 

@@ -330,25 +330,36 @@ def _flex_args(q, k, v, tab, block_mask, mod, kind):
     return sizes, data, (mod.offset, mod.cap), flags | launch
 
 
-def flex_forward(q, k, v, tab, block_mask, scale, mod) -> tuple[Tensor, Tensor]:
-    """Block-sparse flex forward: ``(out (B, H, T, Dv), lse (B, H, T) float32)``."""
+def _flex_dropout(q: Tensor, drop: Tensor | None, dropout_p: float) -> tuple[Tensor, float]:
+    """The flex kernels' ``(DROP, keep_scale)``: the Philox state (or any pointer without
+    dropout) and ``1 / (1 - p)``."""
+    return (q, 1.0) if drop is None else (drop, 1.0 / (1.0 - dropout_p))
+
+
+def flex_forward(q, k, v, tab, block_mask, scale, mod, drop=None,
+                 dropout_p=0.0) -> tuple[Tensor, Tensor]:
+    """Block-sparse flex forward: ``(out (B, H, T, Dv), lse (B, H, T) float32)``; ``drop``:
+    None, or dropout's ``(2,)`` int64 Philox state (:mod:`qkv.attention.dropout`) with
+    ``dropout_p``, the mask computed in the kernel."""
     q, k, v = (_unit_last(t) for t in (q, k, v))
     B, H, T, _ = q.shape
     out = torch.empty(B, H, T, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
     sizes, slopes, mod_args, options = _flex_args(q, k, v, tab, block_mask, mod, "forward")
     tiles_m = tab.slot.shape[2] * (options["SPARSE_M"] // options["BLOCK_M"])
+    dropper, keep_scale = _flex_dropout(q, drop, dropout_p)
     _launch(triton_flex.flex_forward, (tiles_m, B * H), (
         q, k, v, out, lse, tab.kv_count, tab.kv_part, tab.kv_idx, tab.slot, tab.keep, slopes,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-        *sizes, scale, *mod_args), options)
+        dropper, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+        *sizes, scale, *mod_args, keep_scale), options | {"DROPOUT": int(drop is not None)})
     return out, lse
 
 
 def flex_backward(q, k, v, out, lse_safe, dout, dlse, tab, block_mask, scale, mod,
-                  grad_mod: bool = False):
+                  grad_mod: bool = False, drop=None, dropout_p=0.0):
     """``(dq, dk, dv, d mod.data)`` of the block-sparse flex call (``lse_safe``: ``+inf`` on
-    dead rows); the last None unless ``grad_mod`` (learned ALiBi slopes or relative bias)."""
+    dead rows); the last None unless ``grad_mod`` (learned ALiBi slopes or relative bias).
+    ``drop``/``dropout_p``: the forward's (its mask computed again)."""
     q, k, v, dout = (_unit_last(t) for t in (q, k, v, dout))
     B, H, T, D = q.shape
     delta, lse_safe = _delta(out, dout, dlse), lse_safe.float().contiguous()
@@ -358,14 +369,17 @@ def flex_backward(q, k, v, out, lse_safe, dout, dlse, tab, block_mask, scale, mo
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
     sizes, slopes, mod_args, options = _flex_args(q, k, v, tab, block_mask, mod, "dkdv")
     tiles_n = tab.slot.shape[3] * (options["SPARSE_N"] // options["BLOCK_N"])
+    dropper, keep_scale = _flex_dropout(q, drop, dropout_p)
+    dropping = {"DROPOUT": int(drop is not None)}
     _launch(triton_flex.flex_backward_dkdv, (tiles_n, B * k.shape[1]), (
         q, k, v, dout, lse_safe, delta, dk, dv, tab.q_count, tab.q_part, tab.q_idx, tab.slot,
-        tab.keep, slopes, *strides, *sizes, scale, *mod_args), options)
+        tab.keep, slopes, dropper, *strides, *sizes, scale, *mod_args, keep_scale),
+        options | dropping)
     sizes, slopes, mod_args, options = _flex_args(q, k, v, tab, block_mask, mod, "dq")
     tiles_m = tab.slot.shape[2] * (options["SPARSE_M"] // options["BLOCK_M"])
     dmod = torch.zeros_like(mod.data, dtype=torch.float32) if grad_mod else None
     _launch(triton_flex.flex_backward_dq, (tiles_m, B * H), (
         q, k, v, dout, lse_safe, delta, dq, tab.kv_count, tab.kv_part, tab.kv_idx, tab.slot,
-        tab.keep, slopes, slopes if dmod is None else dmod, *strides, *sizes, scale,
-        *mod_args), options | {"GRAD_MOD": grad_mod})
+        tab.keep, slopes, slopes if dmod is None else dmod, dropper, *strides, *sizes, scale,
+        *mod_args, keep_scale), options | dropping | {"GRAD_MOD": grad_mod})
     return dq, dk, dv, dmod

@@ -78,7 +78,7 @@ def paged_forward(
         v = _page_rows(V_POOL, TABLE, b, hkv, j, ok, W, P, svn, svh, svt, dv, DV, EVEN_D)
         s = matmul(q, tl.trans(k), PRECISION, UPCAST) * scale
         s = tl.where(j[None, :] <= pos[:, None], s, float("-inf"))
-        m, l, acc = softmax_step(m, l, acc, s, v, PRECISION, UPCAST)
+        m, l, acc = softmax_step(m, l, acc, s, v, s, 1.0, PRECISION, UPCAST, 0)
     out, lse = finish_rows(acc, l, m, poisoned)
     o_at = (O + split * so_split + b * sob + h[:, None] * soh + t[:, None].to(tl.int64) * sot
             + dv[None, :])

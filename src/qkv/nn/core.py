@@ -26,9 +26,11 @@ heads with ``enable_gqa``), after the record's other mask parts are folded in
 ALiBi and a mask tensor applied after ``score_mod``). Weights on request come from the
 kernel's log-sum-exp. Two cases run a dense ``(B, H, T, S)`` version of the same definition
 instead, because the kernel forms no weights to drop or hook: attention dropout
-(``dropout_p > 0``: the blockwise kernel has none) and a hook on ``hook_scores`` /
-``hook_weights``; so does a traced call (``torch.compile``, ``torch.export``), because the
-kernel's tile skipping reads the block mask's values. A replaced kernel (``core.kernel``)
+(``dropout_p > 0``), except on a GPU where the block-sparse Triton kernels serve the call
+(they compute dropout's counter-based mask themselves, :mod:`qkv.attention.dropout`: the
+same weights the dense version drops), and a hook on ``hook_scores`` / ``hook_weights``; so
+does a traced call (``torch.compile``, ``torch.export``), because the kernel's tile skipping
+reads the block mask's values. A replaced kernel (``core.kernel``)
 does not take flex calls.
 
 Validation happens once, at the public boundary (the module's ``forward``): the core trusts
@@ -47,6 +49,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from qkv.attention import dropout, flex_triton
 from qkv.attention.backends import math as math_backend
 from qkv.attention.flex import flex_attention
 from qkv.attention.flex_blocks import BlockMask, index_grid, tile_keep
@@ -176,17 +179,35 @@ class AttentionCore(nn.Module):
         score_mod, block_mask = inputs.flex_parts()
         # The blockwise kernel reads the block mask's values to skip tiles, which a trace
         # (torch.compile, torch.export) cannot: traced calls take the dense definition.
-        dense = inputs.dropout_p > 0.0 or values_unknown(inputs.query)
+        dense = values_unknown(inputs.query) or (
+            inputs.dropout_p > 0.0 and not drops_in_kernel(inputs, score_mod, block_mask,
+                                                          need_weights))
         if dense or listening(self.hook_scores, self.hook_weights):
             return flex_dense(
                 inputs, score_mod, block_mask, need_weights=need_weights,
                 on_scores=self.hook_scores, on_weights=self.hook_weights,
             )
+        if inputs.dropout_p > 0.0:
+            q = inputs.query
+            scale = inputs.scale if inputs.scale is not None else q.shape[-1] ** -0.5
+            out, _ = flex_triton.attend(q, inputs.key, inputs.value, block_mask, scale,
+                                        score_mod, dropout_p=inputs.dropout_p)
+            return out, None
         result = flex_attention(
             inputs.query, inputs.key, inputs.value, score_mod, block_mask, inputs.scale,
             enable_gqa=inputs.enable_gqa, need_weights=need_weights,
         )
         return result if need_weights else (result, None)
+
+
+def drops_in_kernel(inputs: AttentionInputs, score_mod: Callable | None,
+                    block_mask: BlockMask | None, need_weights: bool) -> bool:
+    """Whether a flex record with dropout runs on the block-sparse Triton kernels, which
+    compute dropout's counter-based mask themselves (on a GPU, when they serve the call and
+    no weights are asked for), rather than on the dense definition."""
+    q = inputs.query
+    return (not need_weights and dropout.counter_based(q.device)
+            and flex_triton.why_not(q, inputs.value, score_mod, block_mask, named=False) is None)
 
 
 def flex_dense(
@@ -234,7 +255,8 @@ def flex_dense(
         weights = on_weights(weights).to(acc)
     # 4) Dropout on the weights (training only), then the weighted sum of the values.
     applied = weights
-    if inputs.dropout_p > 0.0:
-        applied = torch.nn.functional.dropout(weights, inputs.dropout_p, training=True)
+    if inputs.dropout_p > 0.0:  # qkv's mask (torch's draw on the CPU, Philox on a GPU)
+        keep = dropout.draw_keep(B, H, T, S, inputs.dropout_p, q)  # (B, H, T, S)
+        applied = weights * keep / (1.0 - inputs.dropout_p)
     out = (applied @ v.to(acc)).to(q.dtype)  # (B, H, T, Dv)
     return out, applied.to(q.dtype) if need_weights else None
