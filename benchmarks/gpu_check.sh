@@ -4,8 +4,8 @@
 # the machine's own python with CUDA torch and triton (PYTHON=...) and qkv from src/ (nothing
 # is installed). Logs and JSON go to $OUT (default benchmarks/results), named after the GPU.
 # Each step has a time limit (TRITON_SECONDS, TILES_SECONDS, FLEX_TILES_SECONDS, TEST_SECONDS,
-# BENCH_SECONDS, OVERHEAD_SECONDS; BENCH_ARGS="--groups alibi,decode" runs some groups of benchmarks/gpu.py,
-# OVERHEAD_ARGS="" drops the profile); a step cut by it is interrupted
+# BENCH_SECONDS, OVERHEAD_SECONDS, HOST_SECONDS; BENCH_ARGS="--groups alibi,decode" runs some
+# groups of benchmarks/gpu.py, OVERHEAD_ARGS="" drops the profile); a step cut by it is interrupted
 # (SIGINT), so pytest still prints its summary and the benchmark still writes its JSON.
 set -u
 cd "$(dirname "$0")/.."
@@ -51,3 +51,6 @@ timeout -s INT "${BENCH_SECONDS:-240}" $PY benchmarks/gpu.py --device cuda \
 echo "== 5. host time per decoding-size call (benchmarks/call_overhead.py)"
 timeout -s INT "${OVERHEAD_SECONDS:-40}" $PY benchmarks/call_overhead.py --device cuda --calls 500 \
   ${OVERHEAD_ARGS:---profile} 2>&1 | grep -v -i warn | tee "$OUT/overhead-$gpu.log" | head -120
+echo "== 5b. the host-side parts of a triton decoding step (benchmarks/triton_host.py: qkv's own, Triton's JIT)"
+timeout -s INT "${HOST_SECONDS:-30}" $PY benchmarks/triton_host.py --calls 2000 2>&1 \
+  | grep -v -i warn | tee "$OUT/triton-host-$gpu.log"
