@@ -38,7 +38,7 @@ def _dense(T, causal, bwd, alibi=False, window=None, Hq=H, Hkv=H, S=None, dropou
         spec = _Spec(scale=D ** -0.5, causal=0 if causal else None, window=window,
                      alibi_shift=0, dropout_p=dropout_p)
         # dropout as on a GPU: the Philox state (seed, threshold), the mask made in the kernels
-        keep = torch.tensor([1234, round(dropout_p * 2**31)]) if dropout_p else None
+        keep = torch.tensor([1234, round(dropout_p * 2**16)]) if dropout_p else None
         out, lse = L.forward(q, k, v, None, slopes, keep, spec)
         if bwd:
             L.backward(q, k, v, out, lse, torch.empty_like(out), None, None, slopes, keep, spec)

@@ -59,12 +59,12 @@ def _flex_sweep(D: int) -> list[dict]:
     print(f"{torch.cuda.get_device_name()}  flex, document x8, B={B} H={H} T=S={T} D={D} bf16")
     runs = [("forward", c) for c in FLEX_FORWARD] + [("fwd+bwd", c) for c in FLEX_BACKWARD]
     for kind, c in runs:
-        def forced(which, block_size, width, dtype, _k=kind, _c=c):
+        def forced(which, block_size, width, dtype, *rest, _k=kind, _c=c):
             if _k == "forward":
                 return Tiles(*_c) if which == "forward" else chosen(which, block_size, width,
-                                                                     dtype)
+                                                                     dtype, *rest)
             if which == "forward":
-                return chosen(which, block_size, width, dtype)
+                return chosen(which, block_size, width, dtype, *rest)
             return Tiles(*(_c[0] if which == "dq" else _c[1]), _c[2], _c[3])
 
         triton_launch.flex_tiles = forced
@@ -124,8 +124,10 @@ def main(argv: list[str] | None = None) -> int:
             for m, n, w, s in configs:
                 forced = Tiles(m, n, w, s)
 
-                def tiles(which, rows, width, dtype, _f=forced, _k=kind):
-                    return _f if which == _k else chosen(which, rows, width, dtype)
+                def tiles(which, rows, width, dtype, *rest, _f=forced, _k=kind):
+                    # (*rest: the extras/dropout flags launches pass, which a forced tile
+                    # ignores)
+                    return _f if which == _k else chosen(which, rows, width, dtype, *rest)
 
                 triton_launch.tiles = tiles
                 try:

@@ -39,19 +39,21 @@ def test_philox_words_equal_random123_known_answers(counter, key, expected):
 
 
 def _state(seed: int, p: float) -> torch.Tensor:
-    return torch.tensor([seed, round(p * 2**31)])
+    return torch.tensor([seed, round(p * 2**16)])
 
 
 def test_the_mask_is_the_definition_entry_by_entry_and_chunking_changes_nothing(monkeypatch):
-    B, H, T, S = 2, 3, 5, 7
+    """Weight (b, h, i, j): Philox at counter (j // 8, i, b·H + h, 0), key j's 16 bits the
+    half j % 2 of word (j // 2) % 4, kept when they reach round(p · 2¹⁶)."""
+    B, H, T, S = 2, 3, 5, 21  # S not a multiple of 8: the last group is cut
     state = _state(0x123456789ABCDEF, 0.4)
     keep = dropout.philox_keep(state, B, H, T, S)
     seed = int(state[0])
-    for b, h, i, j in [(0, 0, 0, 0), (1, 2, 4, 6), (0, 1, 3, 2), (1, 0, 2, 5)]:
-        word = dropout.philox4x32(
-            (torch.tensor(seed & 0xFFFFFFFF), torch.tensor(seed >> 32)),
-            tuple(torch.tensor(c) for c in (j, i, b * H + h, 0)))[0]
-        assert bool(keep[b, h, i, j]) == (int(word) >> 1 >= int(state[1])), (b, h, i, j)
+    key = (torch.tensor(seed & 0xFFFFFFFF), torch.tensor(seed >> 32))
+    for b, h, i, j in [(0, 0, 0, 0), (1, 2, 4, 20), (0, 1, 3, 9), (1, 0, 2, 7), (0, 2, 1, 14)]:
+        words = dropout.philox4x32(key, tuple(torch.tensor(c) for c in (j // 8, i, b * H + h, 0)))
+        bits = (int(words[(j // 2) % 4]) >> (16 * (j % 2))) & 0xFFFF
+        assert bool(keep[b, h, i, j]) == (bits >= int(state[1])), (b, h, i, j)
     monkeypatch.setattr(dropout, "_CHUNK", 3)  # one row a chunk
     assert torch.equal(dropout.philox_keep(state, B, H, T, S), keep)
 
@@ -80,7 +82,7 @@ def test_seeds_give_different_masks_and_the_generator_reproduces_them():
     torch.manual_seed(3)
     again = dropout.dropout_state(0.3, torch.device("cpu"))
     assert torch.equal(a, again) and not torch.equal(a[:1], b[:1])
-    assert 0 <= int(a[0]) < 2**62 and int(a[1]) == round(0.3 * 2**31)
+    assert 0 <= int(a[0]) < 2**62 and int(a[1]) == round(0.3 * 2**16)
     ka, kb = (dropout.philox_keep(s, 1, 2, 16, 16) for s in (a, b))
     assert not torch.equal(ka, kb)
 

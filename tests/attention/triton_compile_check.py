@@ -103,7 +103,7 @@ def _flex_calls():
     for label, (mask_mod, score_mod) in masks.items():
         learned = "learned" in label
         # dropout: the Philox state (seed, threshold), the mask computed in the kernels
-        drop = torch.tensor([1234, round(0.1 * 2**31)]) if "dropout" in label else None
+        drop = torch.tensor([1234, round(0.1 * 2**16)]) if "dropout" in label else None
 
         def call(mask_mod=mask_mod, score_mod=score_mod, learned=learned, drop=drop):
             bm = qkv.create_block_mask(mask_mod, None, None, T, T)
@@ -129,7 +129,7 @@ def _dense_calls():
     def dense(causal, dropout_p=0.0):
         q, k, v = (torch.empty(1, 4, 4096, 128, dtype=torch.bfloat16) for _ in range(3))
         spec = _Spec(128 ** -0.5, 0 if causal else None, None, 0, dropout_p)
-        keep = torch.tensor([1234, round(dropout_p * 2**31)]) if dropout_p else None  # Philox
+        keep = torch.tensor([1234, round(dropout_p * 2**16)]) if dropout_p else None  # Philox
         out, lse = L.forward(q, k, v, None, None, keep, spec)
         L.backward(q, k, v, out, lse, torch.empty_like(out), None, None, None, keep, spec)
 

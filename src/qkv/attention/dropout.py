@@ -6,13 +6,18 @@ tensors (:func:`counter_based`, the one rule):
 * **CPU tensors: torch's own draw** (:func:`dropout_keep` drops a tensor of ones as torch's
   math SDPA drops its weights), so one seed drops the same weights as
   ``torch.nn.functional.scaled_dot_product_attention`` and ``nn.MultiheadAttention``.
-* **Other devices (CUDA): a counter-based mask.** Weight ``(b, h, i, j)`` is kept when
-  ``philox(key; j, i, b·H + h, 0)[0] >> 1 >= round(p · 2³¹)``, Philox4x32-10 (Salmon et al.,
-  2011; the generator of torch's and Triton's GPU kernels) keyed by a 62-bit seed drawn from
-  the device's generator once a call (:func:`dropout_state`: one random op on the device, no
-  host sync; ``torch.manual_seed`` reproduces it). The ``triton`` backend computes it inside
-  its kernels, forward and backward, so no ``(B, H, T, S)`` tensor exists at any length;
-  ``math`` and ``flash`` draw the same mask dense (:func:`philox_keep`, torch ops in chunks).
+* **Other devices (CUDA): a counter-based mask.** Philox4x32-10 (Salmon et al., 2011; the
+  generator of torch's and Triton's GPU kernels), keyed by a 62-bit seed drawn from the
+  device's generator once a call (:func:`dropout_state`: one random op on the device, no host
+  sync; ``torch.manual_seed`` reproduces it), gives four 32-bit words at counter
+  ``(j // 8, i, b·H + h, 0)``: eight 16-bit numbers, one for each of the keys ``8·(j // 8)
+  .. 8·(j // 8) + 7`` of query ``i`` (key ``j`` takes half ``j % 2`` of word ``(j // 2) % 4``,
+  the low half first). Weight ``(b, h, i, j)`` is kept when its number is at least
+  ``round(p · 2¹⁶)``: ``p`` is resolved to 2⁻¹⁶, and one Philox evaluation serves eight
+  weights, as FlashAttention's dropout serves sixteen with 8-bit numbers. The ``triton``
+  backend computes it inside its kernels, forward and backward, so no ``(B, H, T, S)`` tensor
+  exists at any length; ``math`` and ``flash`` draw the same mask dense (:func:`philox_keep`,
+  torch ops in chunks).
 
 So on each device one seed drops the same weights on every qkv backend (on CUDA, torch's own
 fused kernels draw theirs inside and differently, as they differ from torch's math kernel).
@@ -47,9 +52,9 @@ def counter_based(device: torch.device) -> bool:
 
 def dropout_state(p: float, device: torch.device) -> Tensor:
     """``(2,)`` int64 on ``device``: a fresh 62-bit Philox seed, drawn from the device's
-    generator, and the threshold ``round(p · 2³¹)`` a weight's 31 random bits must reach to
+    generator, and the threshold ``round(p · 2¹⁶)`` a weight's 16 random bits must reach to
     be kept. What the ``triton`` kernels read, and :func:`philox_keep` expands."""
-    state = torch.full((2,), round(p * 2**31), dtype=torch.int64, device=device)
+    state = torch.full((2,), round(p * 2**16), dtype=torch.int64, device=device)
     state[:1].random_(0, 1 << 62)
     return state
 
@@ -83,13 +88,16 @@ def philox_keep(state: Tensor, B: int, H: int, T: int, S: int) -> Tensor:
     seed, below = state[0], state[1]
     key = (seed & _WORD, seed >> 32)
     keep = torch.empty(B * H * T, S, dtype=torch.bool, device=state.device)
-    j = torch.arange(S, device=state.device)[None, :]  # (1, S)
-    step = max(1, _CHUNK // max(1, S))
+    groups = -(-S // 8)  # counters along the keys, eight keys each
+    c = torch.arange(groups, device=state.device)[None, :]  # (1, S/8)
+    step = max(1, _CHUNK // (8 * groups))
     zero = torch.zeros((), dtype=torch.int64, device=state.device)
     for start in range(0, B * H * T, step):
         row = torch.arange(start, min(start + step, B * H * T), device=state.device)[:, None]
-        word = philox4x32(key, (j, row % T, row // T, zero))[0]  # (rows, S)
-        torch.ge(word >> 1, below, out=keep[start:start + step])
+        words = philox4x32(key, (c, row % T, row // T, zero))  # 4 × (rows, S/8)
+        halves = [h for w in words for h in (w & 0xFFFF, w >> 16)]  # key 8c + k: halves[k]
+        bits = torch.stack(halves, -1).reshape(len(row), 8 * groups)[:, :S]  # (rows, S)
+        torch.ge(bits, below, out=keep[start:start + step])
     return keep.view(B, H, T, S)
 
 

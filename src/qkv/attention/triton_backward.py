@@ -144,7 +144,7 @@ def tile_scores_t(
         row = (b * H + h) * T + i[None, :].to(tl.int64)
         keep = tl.load(KEEP + row * S + j[:, None], mask=inside, other=0) != 0
     if DROPOUT == 2:
-        keep = philox_keep(KEEP, b * H + h, i[None, :], j[:, None])
+        keep = tl.trans(philox_keep(KEEP, b * H + h, i, j))  # the forward's tile, transposed
     return s, keep
 
 

@@ -152,7 +152,7 @@ def _forward_step(q, K, V, m, l, acc, i, rows_ok, kt, keep_at, mod_at, sks, svs,
                            BLOCK_M, BLOCK_N, SPARSE_N, MASKED)
     keep = s == s  # (unused without dropout)
     if DROPOUT:
-        keep = philox_keep(DROP, bh, i[:, None], kt * BLOCK_N + tl.arange(0, BLOCK_N)[None, :])
+        keep = philox_keep(DROP, bh, i, kt * BLOCK_N + tl.arange(0, BLOCK_N))
     return softmax_step(m, l, acc, s, v, keep, keep_scale, PRECISION, UPCAST, DROPOUT)
 
 
@@ -224,7 +224,7 @@ def _dq_step(dq, q, do, lse, delta, K, V, i, rows_ok, kt, keep_at, mod_at, dmod_
     dp = matmul(do, tl.trans(v), PRECISION, UPCAST)
     if DROPOUT:  # dO reaches the weights the forward kept, scaled as they were
         j = kt * BLOCK_N + tl.arange(0, BLOCK_N)
-        dp = tl.where(philox_keep(DROP, bh, i[:, None], j[None, :]), dp * keep_scale, 0.0)
+        dp = tl.where(philox_keep(DROP, bh, i, j), dp * keep_scale, 0.0)
     ds = p * (dp - delta[:, None])
     if SCORE_MOD == 2:
         ds = ds * dmod  # through the soft-cap
@@ -299,7 +299,7 @@ def _dkdv_step(dk, dvacc, k, v, Q, DO, LSE, DELTA, h, j, cols_ok, qt, keep_at, m
     dp = matmul(v, tl.trans(do), PRECISION, UPCAST)  # dPᵀ
     p_applied = p
     if DROPOUT:  # the forward's mask, transposed
-        keep = philox_keep(DROP, bh, i[None, :], j[:, None])
+        keep = tl.trans(philox_keep(DROP, bh, i, j))
         p_applied = tl.where(keep, p * keep_scale, 0.0)
         dp = tl.where(keep, dp * keep_scale, 0.0)
     dvacc += matmul(p_applied.to(do.dtype), do, PRECISION, UPCAST)

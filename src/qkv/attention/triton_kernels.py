@@ -85,20 +85,30 @@ def tile_scores(
         row = (b * H + h[:, None].to(tl.int64)) * T + i[:, None].to(tl.int64)
         keep = tl.load(KEEP + row * S + j[None, :], mask=inside, other=0) != 0
     if DROPOUT == 2:
-        keep = philox_keep(KEEP, (b * H + h)[:, None], i[:, None], j[None, :])
+        keep = philox_keep(KEEP, (b * H + h)[:, None], i, j)
     return s, keep
 
 
 @triton.jit
 def philox_keep(STATE, bh, i, j):
-    """The counter-based dropout keep tile of :mod:`qkv.attention.dropout`: weight
-    ``(b, h, i, j)`` is kept when the first word of Philox4x32-10 keyed by ``STATE[0]`` at
-    counter ``(j, i, b·H + h, 0)`` has ``>> 1 >= STATE[1]``. ``bh``, ``i``, ``j`` broadcast
-    to the tile (either orientation); the first rounds run on the vectors alone."""
+    """The counter-based dropout keep tile ``(BM, BN)`` of :mod:`qkv.attention.dropout` for
+    queries ``i (BM,)`` of head ``bh = b·H + h`` (a scalar or ``(BM, 1)``) and keys
+    ``j (BN,)``, consecutive from a multiple of 8. One Philox4x32-10 evaluation, keyed by
+    ``STATE[0]`` at counter ``(j // 8, i, bh, 0)``, gives the 16-bit numbers of eight keys
+    (key ``8c + k``: half ``k % 2`` of word ``k // 2``); a weight is kept when its number
+    reaches ``STATE[1]``."""
     seed = tl.load(STATE)
     below = tl.load(STATE + 1).to(tl.int32)
-    word, _, _, _ = tl.philox(seed, j.to(tl.uint32), i.to(tl.uint32), bh.to(tl.uint32), 0)
-    return (word >> 1).to(tl.int32, bitcast=True) >= below
+    BN: tl.constexpr = j.shape[0]
+    c = tl.min(j, 0) // 8 + tl.arange(0, BN // 8)
+    w0, w1, w2, w3 = tl.philox(seed, c[None, :].to(tl.uint32), i[:, None].to(tl.uint32),
+                               bh.to(tl.uint32), 0)  # each (BM, BN/8)
+    # (BM, BN/8, 8) in key order, then (BM, BN): tl.join adds its axis last, so the halves
+    # of a group are joined slowest-varying first (k = 4r + 2p + q).
+    low = tl.join(tl.join(w0 & 0xFFFF, w2 & 0xFFFF), tl.join(w1 & 0xFFFF, w3 & 0xFFFF))
+    high = tl.join(tl.join(w0 >> 16, w2 >> 16), tl.join(w1 >> 16, w3 >> 16))
+    bits = tl.reshape(tl.join(low, high), (i.shape[0], BN))
+    return bits.to(tl.int32, bitcast=True) >= below
 
 
 @triton.jit

@@ -38,11 +38,12 @@ def _pow2(n: int) -> int:
     return max(16, 1 << (max(1, n) - 1).bit_length())
 
 
-def tiles(kind: str, rows: int, width: int, dtype: torch.dtype, extras: bool = False) -> Tiles:
+def tiles(kind: str, rows: int, width: int, dtype: torch.dtype, extras: bool = False,
+          dropout: bool = False) -> Tiles:
     """Tiles for ``kind`` (``"forward"``, ``"backward"`` or ``"paged"``) of ``rows`` packed
     query rows and head width ``width`` (the larger of ``D`` and ``Dv``, padded to a power of
     two); ``extras``: the kernel also reads a mask or ALiBi slopes, or computes dropout's
-    mask, each tile.
+    mask, each tile; ``dropout``: it computes dropout's mask.
 
     Interpreted (CPU) runs take 16×16 tiles, so small test shapes still cross tiles. On a GPU,
     wider heads and float32 (twice the bytes a tile) take smaller tiles to fit shared memory.
@@ -63,7 +64,10 @@ def tiles(kind: str, rows: int, width: int, dtype: torch.dtype, extras: bool = F
         # edge/inner kernels): 128×128 tiles with 8 warps 1.15 ms, 128×64/8 1.25, 64×64/4 1.27.
         # With a mask or ALiBi, 128×128 tiles overflow shared memory (a (T, S) bool mask:
         # 262,144 of 232,448 bytes) or registers (ALiBi 1.91 ms against 1.15 with 64×64/4).
-        m, n, warps = ((64, 32, 4) if wide else (64, 64, 4) if extras
+        # Dropout's Philox tile needs registers of its own: 64×64 with it spilled 136 bytes
+        # and held one program a multiprocessor, 64×32 spills none and holds two (sm_90,
+        # T = 4096, benchmarks/triton_static.py; unmeasured on a GPU).
+        m, n, warps = ((64, 32, 4) if wide or dropout else (64, 64, 4) if extras
                        else (128, 128, 8) if width > 64 else (128, 64, 4))
         if rows < m:  # decoding: the group's rows in one tile
             # 64 keys a tile and 4 warps, as a decoding step streams keys: 104 registers and
@@ -74,9 +78,9 @@ def tiles(kind: str, rows: int, width: int, dtype: torch.dtype, extras: bool = F
     if wide:
         return Tiles(32, 32, 4, 2)
     # With a mask, ALiBi or dropout each score, 64×64 tiles spill in dK/dV (sm_90, T = 4096,
-    # causal: ALiBi 376 bytes a thread, the Philox mask 432); 32-key tiles spill nothing in
-    # either kernel (benchmarks/triton_static.py; unmeasured on a GPU). Plain calls keep the
-    # 64×64 the H200 tile sweep chose.
+    # causal: ALiBi 376 bytes a thread, dropout 432); 64 queries × 32 keys spill nothing with
+    # ALiBi, 24 bytes with dropout, none in dQ (benchmarks/triton_static.py; unmeasured on a
+    # GPU). Plain calls keep the 64×64 the H200 tile sweep chose.
     return Tiles(64, 32, 4, 2) if extras else Tiles(64, 64, 4, 2)
 
 
@@ -181,7 +185,7 @@ def forward(q, k, v, mask, alibi, keep, spec) -> tuple[Tensor, Tensor]:
     G = H // Hkv
     extras, mstrides, scalars, flags = _options(q, k, v, mask, alibi, keep, spec)
     t = tiles("forward", G * T, max(D, Dv), q.dtype,
-              mask is not None or alibi is not None or keep is not None)
+              mask is not None or alibi is not None or keep is not None, keep is not None)
     row_blocks = -(-G * T // t.block_m)
     n = _splits(q, row_blocks * B * Hkv, S, t.block_n, t.resident) if keep is None else 1
     n, split_len = _split_len(S, n, t.block_n)
@@ -286,7 +290,7 @@ def backward(q, k, v, out, lse_safe, dout, dlse, mask, alibi, keep, spec):
 
 
 def flex_tiles(kind: str, block_size: tuple[int, int], width: int,
-               dtype: torch.dtype) -> Tiles:
+               dtype: torch.dtype, dropout: bool = False) -> Tiles:
     """Tiles of the flex kernel ``kind`` (``"forward"``, ``"dq"`` or ``"dkdv"``) for a block
     mask of ``block_size`` ``(bq, bk)`` and head width ``width`` (the larger of ``D`` and
     ``Dv``): each side at most its block (which it divides: both are powers of two).
@@ -295,7 +299,9 @@ def flex_tiles(kind: str, block_size: tuple[int, int], width: int,
     forward 128 × 64 with 8 warps and 3 stages, the backward 64-row query tiles against
     128-key tiles for dK/dV and 128 × 64 for dQ), which hold no spilled registers where
     128 × 128 spilled 1 KiB a thread in dK/dV (``python -m benchmarks.triton_static``).
-    Interpreted (CPU) runs take 16 × 16, so small block masks still cross tiles.
+    With dropout, ``dK``/``dV`` takes 32-row query tiles: its Philox tile, computed and
+    transposed each step, spilled 496 bytes a thread at 64 rows, 160 at 32 (document mask,
+    T = 1024). Interpreted (CPU) runs take 16 × 16, so small block masks still cross tiles.
     """
     bq, bk = block_size
     if interpreting():
@@ -307,11 +313,12 @@ def flex_tiles(kind: str, block_size: tuple[int, int], width: int,
         elif kind == "forward":
             m, n, warps, stages = (128, 64, 8, 3) if width > 64 else (128, 128, 4, 3)
         else:
-            m, n, warps, stages = {"dq": (128, 64, 8, 3), "dkdv": (64, 128, 8, 3)}[kind]
+            m, n, warps, stages = {"dq": (128, 64, 8, 3),
+                                   "dkdv": (32 if dropout else 64, 128, 8, 3)}[kind]
     return Tiles(min(m, bq), min(n, bk), warps, stages)
 
 
-def _flex_args(q, k, v, tab, block_mask, mod, kind):
+def _flex_args(q, k, v, tab, block_mask, mod, kind, dropout=False):
     """Arguments the three flex kernels share (after their tensors and strides), and the
     launch options of ``kind``."""
     H, T, D = q.shape[1:]
@@ -320,7 +327,7 @@ def _flex_args(q, k, v, tab, block_mask, mod, kind):
                  UPCAST=interpreting() and q.dtype == torch.bfloat16)
     flags["EVEN_D"] = flags["BLOCK_D"] == D and flags["BLOCK_DV"] == v.shape[-1]
     bq, bk = block_mask.block_size
-    t = flex_tiles(kind, (bq, bk), max(D, v.shape[-1]), q.dtype)
+    t = flex_tiles(kind, (bq, bk), max(D, v.shape[-1]), q.dtype, dropout)
     launch = dict(SPARSE_M=bq, SPARSE_N=bk, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                   num_warps=t.warps, num_stages=t.stages)
     sizes = (H, H // k.shape[1], T, k.shape[2], D, v.shape[-1], nq, nk, int(Bt > 1),
@@ -367,7 +374,8 @@ def flex_backward(q, k, v, out, lse_safe, dout, dlse, tab, block_mask, scale, mo
     dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
-    sizes, slopes, mod_args, options = _flex_args(q, k, v, tab, block_mask, mod, "dkdv")
+    sizes, slopes, mod_args, options = _flex_args(q, k, v, tab, block_mask, mod, "dkdv",
+                                                  drop is not None)
     tiles_n = tab.slot.shape[3] * (options["SPARSE_N"] // options["BLOCK_N"])
     dropper, keep_scale = _flex_dropout(q, drop, dropout_p)
     dropping = {"DROPOUT": int(drop is not None)}
