@@ -7,6 +7,10 @@ stages) in FORWARD and the backward of each in BACKWARD, timed with
 ``triton.testing.do_bench`` (median ms), with TFLOP/s and the ratio to torch's flash kernel.
 What it prints is what :func:`qkv.attention.triton_launch.tiles` is chosen from.
 
+``--dry-run``: every config once on CPU tensors in Triton's interpreter, tiny shapes, no
+timing worth the name: what the test suite runs, so the sweep's own code cannot rot between
+GPU sessions.
+
 ``--flex``: block-sparse ``qkv.flex_attention`` instead (B=2, T=16384, a document mask of 8
 documents, 128 × 128 blocks), each FLEX_FORWARD config's forward and each FLEX_BACKWARD
 pair's forward+backward: what :func:`qkv.attention.triton_launch.flex_tiles` is chosen from
@@ -19,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -37,10 +42,26 @@ FLEX_BACKWARD = [((128, 64), (64, 128), 8, 3), ((128, 128), (128, 128), 8, 2),
                  ((64, 64), (64, 64), 8, 2), ((128, 32), (32, 128), 8, 3)]
 
 
+DRY = "--dry-run" in sys.argv
+if DRY:  # before triton is imported: the kernels run in its interpreter, on CPU tensors
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
 def _bench(fn) -> float:
+    if DRY:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
     from triton.testing import do_bench
 
     return float(do_bench(fn, warmup=10, rep=40))
+
+
+def _device() -> tuple[torch.device, str]:
+    """The device and its name (the CPU under --dry-run)."""
+    if DRY:
+        return torch.device("cpu"), "CPU (--dry-run: Triton's interpreter)"
+    return torch.device("cuda"), torch.cuda.get_device_name()
 
 
 def _flex_sweep(D: int) -> list[dict]:
@@ -49,14 +70,16 @@ def _flex_sweep(D: int) -> list[dict]:
     from qkv.attention import triton_launch
     from qkv.attention.triton_launch import Tiles
 
-    B, H, T, dev = 2, 16, 16384, torch.device("cuda")
+    dev, name = _device()
+    B, H, T = (1, 2, 256) if DRY else (2, 16, 16384)
     doc = torch.arange(T, device=dev) // (T // 8)
     bm = qkv.create_block_mask(lambda b, h, i, j: doc[i] == doc[j], None, None, T, T,
                                device=dev)
     q, k, v = (torch.randn(B, H, T, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
     do = torch.randn_like(q)
     chosen, records = triton_launch.flex_tiles, []
-    print(f"{torch.cuda.get_device_name()}  flex, document x8, B={B} H={H} T=S={T} D={D} bf16")
+    opts = {"backend": "triton"}  # the kernels or an error: never the tile loop
+    print(f"{name}  flex, document x8, B={B} H={H} T=S={T} D={D} bf16")
     runs = [("forward", c) for c in FLEX_FORWARD] + [("fwd+bwd", c) for c in FLEX_BACKWARD]
     for kind, c in runs:
         def forced(which, block_size, width, dtype, *rest, _k=kind, _c=c):
@@ -70,11 +93,12 @@ def _flex_sweep(D: int) -> list[dict]:
         triton_launch.flex_tiles = forced
         try:
             if kind == "forward":
-                ms = _bench(lambda: qkv.flex_attention(q, k, v, block_mask=bm))
+                ms = _bench(lambda: qkv.flex_attention(q, k, v, block_mask=bm,
+                                                       kernel_options=opts))
             else:
                 x = [t.clone().requires_grad_() for t in (q, k, v)]
                 ms = _bench(lambda x=x: torch.autograd.grad(
-                    qkv.flex_attention(*x, block_mask=bm), x, do))
+                    qkv.flex_attention(*x, block_mask=bm, kernel_options=opts), x, do))
             note = f"{ms:.3f} ms"
         except Exception as e:  # a config that does not fit
             ms, note = None, f"{type(e).__name__}: {str(e)[:80]}"
@@ -91,26 +115,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--D", type=int, default=128)
     p.add_argument("--out", default=None)
     p.add_argument("--flex", action="store_true")
+    p.add_argument("--dry-run", action="store_true", help="CPU, interpreted, tiny shapes")
     a = p.parse_args(argv)
+    if a.dry_run:
+        a.T, a.D = 64, 32
     if a.flex:
         records = _flex_sweep(a.D)
         if a.out:
             with open(a.out + ".tmp", "w") as f:
-                json.dump(dict(device=torch.cuda.get_device_name(), records=records), f,
-                          indent=1)
+                json.dump(dict(device=_device()[1], records=records), f, indent=1)
             os.replace(a.out + ".tmp", a.out)
         return 0
     import qkv
     from qkv.attention import triton_launch
     from qkv.attention.triton_launch import Tiles
 
-    B, H, T, D = 4, 16, a.T, a.D
-    dev = torch.device("cuda")
+    B, H, T, D = (1, 2, a.T, a.D) if DRY else (4, 16, a.T, a.D)
+    dev, name = _device()
     q, k, v = (torch.randn(B, H, T, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
     do = torch.randn_like(q)
     records = []
     chosen = triton_launch.tiles
-    print(f"{torch.cuda.get_device_name()}  B={B} H={H} T=S={T} D={D} bf16")
+    print(f"{name}  B={B} H={H} T=S={T} D={D} bf16")
     for causal in (False, True):
         flops = 4 * B * H * T * T * D * (0.5 if causal else 1.0)
         qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
@@ -150,8 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.out:
         tmp = a.out + ".tmp"
         with open(tmp, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), T=T, D=D, records=records), f,
-                      indent=1)
+            json.dump(dict(device=name, T=T, D=D, records=records), f, indent=1)
         os.replace(tmp, a.out)
     return 0
 

@@ -332,3 +332,28 @@ def test_dense_and_decoding_launches_compile_well_for_a_gpu_without_one():
     assert "ok sm_90 decode attention_forward grid (1, 32, 12)" in out, out
     assert "ok sm_90 dropout attention_backward_dkdv" in out, out
     assert out.count("ok sm_90") == 15 and "ok sm_90 paged paged_forward" in out, out
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu" or bool(os.environ.get("ATEN_CPU_CAPABILITY")),
+                    reason="a dry run for machines without a GPU (gpu-check runs the sweeps "
+                           "themselves), independent of the CPU's kernels")
+@pytest.mark.parametrize("flex", [False, True], ids=["dense", "flex"])
+def test_the_tile_sweeps_run_every_config_without_a_gpu(tmp_path, flex):
+    """benchmarks/triton_tiles.py --dry-run: every config of the GPU tile sweep once, in the
+    interpreter, tiny shapes. The sweep is otherwise only run on a lent GPU, where a config
+    that fails is recorded as its error and the minutes are gone (its stand-in for
+    triton_launch.tiles once took the launches' extras flag as the forced tile)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parents[2] / "benchmarks" / "triton_tiles.py"
+    out = tmp_path / "tiles.json"
+    args = [sys.executable, str(script), "--dry-run", "--out", str(out)] + (["--flex"] * flex)
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    records = json.loads(out.read_text())["records"]
+    failed = [r for r in records if r["ms"] is None]
+    assert records and not failed, f"configs that did not run: {failed}\n{done.stdout[-2000:]}"
+    assert len(records) == (11 if flex else 24), done.stdout
