@@ -96,8 +96,10 @@ def _launch(kernel, grid: tuple[int, ...], args: tuple, options: dict) -> None:
     that number remembered."""
     from triton.runtime.errors import OutOfResources
 
-    key = (kernel.__name__, *sorted(options.items()))
-    options = options | {"num_stages": _FEWER_STAGES.get(key, options["num_stages"])}
+    key = None
+    if _FEWER_STAGES:  # (empty on a GPU that fits every tile: no key to build a launch)
+        key = (kernel.__name__, *sorted(options.items()))
+        options = options | {"num_stages": _FEWER_STAGES.get(key, options["num_stages"])}
     while True:
         try:
             kernel[grid](*args, **options)
@@ -105,6 +107,7 @@ def _launch(kernel, grid: tuple[int, ...], args: tuple, options: dict) -> None:
         except OutOfResources:
             if options["num_stages"] <= 1:
                 raise
+            key = key or (kernel.__name__, *sorted(options.items()))
             options = options | {"num_stages": options["num_stages"] - 1}
             _FEWER_STAGES[key] = options["num_stages"]
 
@@ -217,11 +220,12 @@ def _split_outputs(n: int, rows: tuple[int, int, int], Dv: int, q: Tensor):
 
 def _merged(o_buf: Tensor, l_buf: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """``(out (B, H, T, Dv) in dtype, lse (B, H, T))`` of the splits in ``o_buf``/``l_buf``."""
-    n, rows, Dv = o_buf.shape[0], l_buf[0].numel(), o_buf.shape[-1]
+    n, Dv = o_buf.shape[0], o_buf.shape[-1]
     if n == 1:
         return o_buf[0], l_buf[0]
-    out = torch.empty(o_buf.shape[1:], dtype=dtype, device=o_buf.device)
-    lse = torch.empty(l_buf.shape[1:], dtype=torch.float32, device=o_buf.device)
+    rows = l_buf.numel() // n
+    out = o_buf.new_empty(o_buf.shape[1:], dtype=dtype)
+    lse = l_buf.new_empty(l_buf.shape[1:])
     block = 16  # (a decoding step's few rows over more programs)
     triton_kernels.merge_splits[(-(-rows // block),)](
         o_buf, l_buf, out, lse, n, rows, Dv, BLOCK_R=block, BLOCK_DV=_pow2(Dv), num_warps=4,

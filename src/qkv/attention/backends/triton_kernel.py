@@ -23,7 +23,7 @@ multiply in full float32 (``"ieee"``) unless ``torch.backends.cuda.matmul.allow_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -57,8 +57,9 @@ def why_not(call: AttentionCall) -> str | None:
         return "empty sequence (T or S is 0)"
     if call.need_weights and call.dropout_p > 0.0:
         return "weights after dropout cannot be rebuilt from the log-sum-exp"
-    tensors = [t for t in (q, call.key, call.value, call.mask) if t is not None]
-    if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors):
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    if wrapped(q) or wrapped(call.key) or wrapped(call.value) or (
+            call.mask is not None and wrapped(call.mask)):
         return "torch.func transforms (vmap, grad) do not reach into Triton kernels"
     return None
 
@@ -70,9 +71,9 @@ def prefer_not(call: AttentionCall) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class _Spec:
-    """What a launch needs besides the tensors."""
+class _Spec(NamedTuple):
+    """What a launch needs besides the tensors (a tuple: built on every call, in 0.3 us where
+    a frozen dataclass takes 1)."""
 
     scale: float
     causal: int | None
