@@ -54,8 +54,8 @@ def dropout_state(p: float, device: torch.device) -> Tensor:
     """``(2,)`` int64 on ``device``: a fresh 62-bit Philox seed, drawn from the device's
     generator, and the threshold ``round(p · 2¹⁶)`` a weight's 16 random bits must reach to
     be kept. What the ``triton`` kernels read, and :func:`philox_keep` expands."""
-    state = torch.full((2,), round(p * 2**16), dtype=torch.int64, device=device)
-    state[:1].random_(0, 1 << 62)
+    state = torch.randint(0, 1 << 62, (2,), dtype=torch.int64, device=device)
+    state[1] = round(p * 2**16)  # (ops a torch.compile graph holds: no random_(from, to))
     return state
 
 
@@ -97,7 +97,7 @@ def philox_keep(state: Tensor, B: int, H: int, T: int, S: int) -> Tensor:
         words = philox4x32(key, (c, row % T, row // T, zero))  # 4 × (rows, S/8)
         halves = [h for w in words for h in (w & 0xFFFF, w >> 16)]  # key 8c + k: halves[k]
         bits = torch.stack(halves, -1).reshape(len(row), 8 * groups)[:, :S]  # (rows, S)
-        torch.ge(bits, below, out=keep[start:start + step])
+        keep[start:start + step] = bits >= below
     return keep.view(B, H, T, S)
 
 
