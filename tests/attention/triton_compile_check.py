@@ -71,8 +71,9 @@ def variants():
 def _merge(target) -> str:
     """Compile the split merge (float32 partials into bfloat16); its label."""
     sig = {"O_PART": "*fp32", "L_PART": "*fp32", "O": "*bf16", "L": "*fp32", "n": "i32",
-           "rows": "i32", "DV": "i32", "BLOCK_R": "constexpr", "BLOCK_DV": "constexpr"}
-    src = ASTSource(K.merge_splits, sig, dict(BLOCK_R=64, BLOCK_DV=128))
+           "rows": "i32", "DV": "i32", "BLOCK_R": "constexpr", "BLOCK_DV": "constexpr",
+           "BLOCK_S": "constexpr"}
+    src = ASTSource(K.merge_splits, sig, dict(BLOCK_R=4, BLOCK_DV=128, BLOCK_S=16))
     triton.compile(src, target=target, options=dict(num_warps=4))
     return f"sm_{target.arch} merge_splits bf16"
 

@@ -313,25 +313,35 @@ def attention_forward(
 
 @triton.jit
 def merge_splits(O_PART, L_PART, O, L, n, rows, DV, BLOCK_R: tl.constexpr,
-                 BLOCK_DV: tl.constexpr):
+                 BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr):
     """Merge ``n`` key splits ``o (n, rows, Dv)`` float32 and ``lse (n, rows)`` by log-sum-exp
     into ``O (rows, Dv)`` and ``L (rows,)``: ``out = Σ w_s o_s / Σ w_s`` with
-    ``w_s = exp(lse_s - max lse)``. A row no split saw keeps zeros and ``-inf``; NaN stays."""
+    ``w_s = exp(lse_s - max lse)``. A row no split saw keeps zeros and ``-inf``; NaN stays.
+
+    ``BLOCK_S`` splits are read at once, ``(BLOCK_S, BLOCK_R, BLOCK_DV)``, so a decoding
+    step's dozen splits cost one memory latency, not one a split (a loop over splits waits
+    for each load before the next)."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     ok = r < rows
     dv = tl.arange(0, BLOCK_DV)
     top = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    for split in range(0, n):
-        top = tl.maximum(top, tl.load(L_PART + split * rows + r, mask=ok, other=float("-inf")))
+    for s0 in range(0, n, BLOCK_S):
+        sp = s0 + tl.arange(0, BLOCK_S)
+        lse = tl.load(L_PART + sp[:, None] * rows + r[None, :],
+                      mask=(sp[:, None] < n) & ok[None, :], other=float("-inf"))
+        top = tl.maximum(top, tl.max(lse, 0))
     top = tl.where(top == float("-inf"), 0.0, top)
     acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
     total = tl.zeros([BLOCK_R], tl.float32)
-    for split in range(0, n):
-        w = tl.exp(tl.load(L_PART + split * rows + r, mask=ok, other=float("-inf")) - top)
-        at = (split * rows + r[:, None].to(tl.int64)) * DV + dv[None, :]
-        acc += w[:, None] * tl.load(O_PART + at, mask=ok[:, None] & (dv[None, :] < DV),
-                                    other=0.0)
-        total += w
+    for s0 in range(0, n, BLOCK_S):
+        sp = s0 + tl.arange(0, BLOCK_S)
+        seen = (sp[:, None] < n) & ok[None, :]  # (BLOCK_S, BLOCK_R)
+        w = tl.exp(tl.load(L_PART + sp[:, None] * rows + r[None, :], mask=seen,
+                           other=float("-inf")) - top[None, :])
+        at = (sp[:, None, None] * rows + r[None, :, None]).to(tl.int64) * DV + dv[None, None, :]
+        o = tl.load(O_PART + at, mask=seen[:, :, None] & (dv[None, None, :] < DV), other=0.0)
+        acc += tl.sum(w[:, :, None] * o, 0)
+        total += tl.sum(w, 0)
     dead = total == 0.0
     out = acc / tl.where(dead, 1.0, total)[:, None]
     lse = tl.where(dead, float("-inf"), top + tl.log(tl.where(dead, 1.0, total)))
