@@ -150,13 +150,12 @@ def test_a_counter_based_mask_too_large_is_refused_before_it_is_drawn(counter_on
         qkv.scaled_dot_product_attention(q, k, v, dropout_p=0.1, backend="flash")
 
 
-def test_counter_based_dropout_compiles_whole_and_equals_eager(counter_on_cpu, monkeypatch):
+def test_counter_based_dropout_compiles_whole_and_equals_eager(counter_on_cpu):
     """A training step compiled with fullgraph=True on a GPU takes the counter-based mask on
     the math backend: its ops trace without a graph break, and with inductor drawing random
     numbers as eager does (fallback_random), the compiled mask is the eager one."""
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config, "fallback_random", True)
     q, k, v = (torch.randn(1, 2, n, 8, generator=torch.Generator().manual_seed(n))
                for n in (24, 20, 20))
 
@@ -165,7 +164,7 @@ def test_counter_based_dropout_compiles_whole_and_equals_eager(counter_on_cpu, m
 
     torch.manual_seed(0)
     eager = step(q, k, v)
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    compiled = torch.compile(step, fullgraph=True)(q, k, v)
+    with inductor_config.patch(fallback_random=True):  # (torch's own way: restored after)
+        torch.manual_seed(0)
+        compiled = torch.compile(step, fullgraph=True)(q, k, v)
     assert_close(compiled, eager, atol=1e-5, name="compiled counter-based dropout vs eager")
