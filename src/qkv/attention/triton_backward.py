@@ -20,6 +20,7 @@ from qkv.attention.triton_kernels import (
     key_spans,
     key_tile,
     load_tile,
+    mask_tile,
     matmul,
     packed_rows,
     philox_keep,
@@ -119,30 +120,14 @@ def tile_scores_t(
     (columns), and the dropout keep tile, so that ``Pᵀ·dO`` and ``dSᵀ·Q`` multiply tiles as
     they come out of ``K·Qᵀ`` (no tile held in registers is transposed)."""
     s = matmul(k, tl.trans(q), PRECISION, UPCAST) * scale
+    slope = s  # (unused without ALiBi)
     if HAS_ALIBI:
-        slope = tl.load(SLOPES + h) * 1.4426950408889634
-        distance = tl.abs(i[None, :] + alibi_shift - j[:, None]).to(tl.float32)
-        s = s - slope * distance
-    inside = cols_ok[:, None] & rows_ok[None, :]
-    if MASK_KIND != 0:
-        where = (b * smb + h * smh + i[None, :].to(tl.int64) * smt
-                 + j[:, None].to(tl.int64) * sms)
-        if MASK_KIND == 1:
-            s = tl.where(tl.load(M + where, mask=inside, other=0) != 0, s, float("-inf"))
-        else:
-            bias = tl.load(M + where, mask=inside, other=0.0).to(tl.float32)
-            s = s + bias * 1.4426950408889634
-    if EDGE:
-        visible = inside
-        if IS_CAUSAL:
-            visible = visible & (j[:, None] <= i[None, :] + causal)
-            if HAS_WINDOW:
-                visible = visible & (j[:, None] > i[None, :] + causal - window)
-        s = tl.where(visible, s, float("-inf"))
-    keep = inside  # unused without dropout (a compiled kernel cannot return None)
-    if DROPOUT == 1:
-        row = (b * H + h) * T + i[None, :].to(tl.int64)
-        keep = tl.load(KEEP + row * S + j[:, None], mask=inside, other=0) != 0
+        slope = tl.load(SLOPES + h)
+    s, keep = mask_tile(
+        s, M, KEEP, b, h, i[None, :], j[:, None], cols_ok[:, None] & rows_ok[None, :], slope,
+        smb, smh, smt, sms, H, T, S, causal, window, alibi_shift,
+        MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, DROPOUT, EDGE,
+    )
     if DROPOUT == 2:
         keep = tl.trans(philox_keep(KEEP, b * H + h, i, j))  # the forward's tile, transposed
     return s, keep

@@ -60,14 +60,36 @@ def tile_scores(
     dropout). ``EDGE``: the tile may hold invalid rows or keys, or cross the causal diagonal
     or the window's edge; an inner tile skips that mask."""
     s = matmul(q, tl.trans(k), PRECISION, UPCAST) * scale
+    slope = s  # (unused without ALiBi)
     if HAS_ALIBI:
-        slope = tl.load(SLOPES + h, mask=rows_ok, other=0.0) * 1.4426950408889634
-        distance = tl.abs(i[:, None] + alibi_shift - j[None, :]).to(tl.float32)
-        s = s - slope[:, None] * distance
-    inside = rows_ok[:, None] & cols_ok[None, :]
+        slope = tl.load(SLOPES + h, mask=rows_ok, other=0.0)[:, None]
+    s, keep = mask_tile(
+        s, M, KEEP, b, h[:, None], i[:, None], j[None, :], rows_ok[:, None] & cols_ok[None, :],
+        slope, smb, smh, smt, sms, H, T, S, causal, window, alibi_shift,
+        MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, DROPOUT, EDGE,
+    )
+    if DROPOUT == 2:
+        keep = philox_keep(KEEP, (b * H + h)[:, None], i, j)
+    return s, keep
+
+
+@triton.jit
+def mask_tile(
+    s, M, KEEP, b, hh, ii, jj, inside, slope, smb, smh, smt, sms, H, T, S, causal, window,
+    alibi_shift, MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, DROPOUT: tl.constexpr, EDGE: tl.constexpr,
+):
+    """Every mask part on base-2 scores ``s``, in either orientation: ``hh``, ``ii``, ``jj``
+    are the head, query and key indices broadcast to the tile (``(BM, 1)``, ``(BM, 1)``,
+    ``(1, BN)`` as computed, or keys along rows for ``dK``/``dV``), ``inside`` the valid
+    entries, ``slope`` ALiBi's slope (broadcast like ``hh``). Returns ``(s, keep)``, ``keep``
+    the drawn dropout mask read by tile (``DROPOUT`` 1; meaningless otherwise)."""
+    if HAS_ALIBI:
+        distance = tl.abs(ii + alibi_shift - jj).to(tl.float32)
+        s = s - (slope * 1.4426950408889634) * distance
     if MASK_KIND != 0:
-        where = (b * smb + h[:, None].to(tl.int64) * smh + i[:, None].to(tl.int64) * smt
-                 + j[None, :].to(tl.int64) * sms)
+        where = (b * smb + hh.to(tl.int64) * smh + ii.to(tl.int64) * smt
+                 + jj.to(tl.int64) * sms)
         if MASK_KIND == 1:
             s = tl.where(tl.load(M + where, mask=inside, other=0) != 0, s, float("-inf"))
         else:
@@ -76,16 +98,14 @@ def tile_scores(
     if EDGE:
         visible = inside
         if IS_CAUSAL:
-            visible = visible & (j[None, :] <= i[:, None] + causal)
+            visible = visible & (jj <= ii + causal)
             if HAS_WINDOW:
-                visible = visible & (j[None, :] > i[:, None] + causal - window)
+                visible = visible & (jj > ii + causal - window)
         s = tl.where(visible, s, float("-inf"))
     keep = inside  # unused without dropout (a compiled kernel cannot return None)
     if DROPOUT == 1:
-        row = (b * H + h[:, None].to(tl.int64)) * T + i[:, None].to(tl.int64)
-        keep = tl.load(KEEP + row * S + j[None, :], mask=inside, other=0) != 0
-    if DROPOUT == 2:
-        keep = philox_keep(KEEP, (b * H + h)[:, None], i, j)
+        row = (b * H + hh.to(tl.int64)) * T + ii.to(tl.int64)
+        keep = tl.load(KEEP + row * S + jj, mask=inside, other=0) != 0
     return s, keep
 
 
@@ -305,10 +325,17 @@ def attention_forward(
         DROPOUT, PRECISION, UPCAST, True, EVEN_D, BLOCK_N, BLOCK_D, BLOCK_DV,
     )
     out, lse = finish_rows(acc, l, m, poisoned)
-    o_at = (O + split * so_split + b * sob + h[:, None] * soh + i[:, None].to(tl.int64) * sot
-            + dv[None, :])
-    tl.store(o_at, out.to(O.dtype.element_ty), mask=rows_ok[:, None] & (dv[None, :] < DV))
-    tl.store(L + split * sl_split + b * slb + h * slh + i, lse, mask=rows_ok)
+    store_rows(O + split * so_split + b * sob, L + split * sl_split + b * slb, out, lse, h, i,
+               rows_ok, soh, sot, slh, dv, DV)
+
+
+@triton.jit
+def store_rows(O_AT, L_AT, out, lse, h, i, rows_ok, soh, sot, slh, dv, DV):
+    """Store packed rows ``(h[r], i[r])``: ``out (BM, BLOCK_DV)`` at ``O_AT`` (a split's and
+    batch row's output), ``lse (BM,)`` at ``L_AT``."""
+    o_at = O_AT + h[:, None] * soh + i[:, None].to(tl.int64) * sot + dv[None, :]
+    tl.store(o_at, out.to(O_AT.dtype.element_ty), mask=rows_ok[:, None] & (dv[None, :] < DV))
+    tl.store(L_AT + h * slh + i, lse, mask=rows_ok)
 
 
 @triton.jit

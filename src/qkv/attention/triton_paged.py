@@ -22,10 +22,12 @@ import triton.language as tl
 
 from qkv.attention.triton_kernels import (
     finish_rows,
+    load_tile,
     matmul,
     packed_rows,
     poisoned_rows,
     softmax_step,
+    store_rows,
 )
 
 
@@ -59,11 +61,7 @@ def paged_forward(
     h, t, rows_ok, _, _ = packed_rows(tl.program_id(0), hkv, G, T, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
-    q_at = Q + b * sqb + h[:, None] * sqh + t[:, None].to(tl.int64) * sqt + d[None, :]
-    if EVEN_D:
-        q = tl.load(q_at, mask=rows_ok[:, None], other=0.0)
-    else:
-        q = tl.load(q_at, mask=rows_ok[:, None] & (d[None, :] < D), other=0.0)
+    q = load_tile(Q + b * sqb + h[:, None] * sqh, t, rows_ok, sqt, D, d, True, EVEN_D)
     poisoned = poisoned_rows(q)
     pos = tl.load(POS + b * T + t, mask=rows_ok, other=-1)  # (BLOCK_M,): -1 sees nothing
     lo = split * split_len
@@ -80,7 +78,5 @@ def paged_forward(
         s = tl.where(j[None, :] <= pos[:, None], s, float("-inf"))
         m, l, acc = softmax_step(m, l, acc, s, v, s, 1.0, PRECISION, UPCAST, 0)
     out, lse = finish_rows(acc, l, m, poisoned)
-    o_at = (O + split * so_split + b * sob + h[:, None] * soh + t[:, None].to(tl.int64) * sot
-            + dv[None, :])
-    tl.store(o_at, out.to(O.dtype.element_ty), mask=rows_ok[:, None] & (dv[None, :] < DV))
-    tl.store(L + split * sl_split + b * slb + h * slh + t, lse, mask=rows_ok)
+    store_rows(O + split * so_split + b * sob, L + split * sl_split + b * slb, out, lse, h, t,
+               rows_ok, soh, sot, slh, dv, DV)
