@@ -250,6 +250,27 @@ def test_strided_inputs_and_a_long_key_sequence_with_splits():
     assert_close(out, ref, atol=1e-5, rtol=1e-5, name="strided, windowed decode")
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dlse", ["none", "broadcast"])
+def test_the_delta_kernel_equals_the_rowwise_product_in_float32(dtype, dlse):
+    """``δ = rowsum(dO ∘ O) - dlse`` from one kernel: a (B, T, H, Dv) gradient transposed, Dv
+    not a power of two, more rows than a program's block, an lse gradient with stride 0."""
+    from qkv.attention.triton_launch import _delta
+
+    B, H, T, Dv = 2, 3, 77, 40
+    g = torch.Generator().manual_seed(9)
+    out = torch.randn(B, H, T, Dv, generator=g).to(DEVICE, dtype)
+    dout = torch.randn(B, T, H, Dv, generator=g).to(DEVICE, dtype).transpose(1, 2)
+    g_lse = None
+    if dlse == "broadcast":
+        g_lse = torch.randn(1, H, T, generator=g).to(DEVICE).expand(B, H, T)
+    want = (dout.double() * out.double()).sum(-1) - (0 if g_lse is None else g_lse.double())
+    got = _delta(out, dout, g_lse)
+    assert got.dtype == torch.float32 and got.is_contiguous() and got.shape == (B, H, T)
+    # float32 sums of Dv products of inputs exact in float32: error ~ Dv·2⁻²⁴·|terms|
+    assert_close(got.double(), want, atol=1e-5, rtol=1e-5, name=f"delta {dtype} {dlse}")
+
 def test_why_not_names_the_device_and_dtype(monkeypatch):
     q, k, v = _inputs((1, 2, 2, 4, 4, 16, 16))
     explanation = qkv.explain(q.double(), k.double(), v.double())
@@ -326,12 +347,14 @@ def test_dense_and_decoding_launches_compile_well_for_a_gpu_without_one():
     """The dense forward and backward (with dropout's Philox mask computed in the kernels
     too), a decoding step and a paged one, compiled as launched on Hopper (Triton's own
     argument specialisation): loads pipelined, at most 256 bytes a thread spilled; the
-    decoding step's split kernel spills nothing and as many programs fit on a multiprocessor
-    as its key splits are counted for."""
+    decoding step's split kernel spills nothing and as many programs fit on a
+    multiprocessor as its key splits are counted for; the loop-less merge and δ kernels
+    spill nothing."""
     out = run_compile_check("--launched")
     assert "ok sm_90 decode attention_forward grid (1, 32, 12)" in out, out
     assert "ok sm_90 dropout attention_backward_dkdv" in out, out
-    assert out.count("ok sm_90") == 15 and "ok sm_90 paged paged_forward" in out, out
+    assert out.count("ok sm_90") == 18 and "ok sm_90 paged paged_forward" in out, out
+    assert out.count("row_deltas grid") == 3, out  # each backward's δ, one kernel
 
 
 @pytest.mark.skipif(DEVICE.type != "cpu" or bool(os.environ.get("ATEN_CPU_CAPABILITY")),

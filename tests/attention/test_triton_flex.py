@@ -210,11 +210,11 @@ def test_path_says_which_kernel_runs_and_why(monkeypatch):
 @pytest.mark.skipif(bool(os.environ.get("ATEN_CPU_CAPABILITY")),
                     reason="compiling does not depend on the CPU's kernels: the first pass did it")
 def test_flex_kernels_compile_for_hopper_without_a_gpu():
-    """Forward, dQ and dK/dV for six masks and mods and a document mask with dropout (its
+    """Forward, δ, dQ and dK/dV for six masks and mods and a document mask with dropout (its
     Philox mask computed in the kernels), compiled as launched on Hopper: loads pipelined, at
     most 256 bytes a thread spilled."""
     out = run_compile_check("--flex")
-    assert out.count("ok sm_90 flex") == 21 and "flex_backward_dkdv document dropout" in out, out
+    assert out.count("ok sm_90 flex") == 28 and out.count("flex row_deltas") == 7 and "flex_backward_dkdv document dropout" in out, out
 
 
 @pytest.mark.parametrize("mod", ["alibi", "relative"])

@@ -247,3 +247,26 @@ def attention_backward_dkdv(
              mask=cols_ok[:, None] & (d[None, :] < D))
     tl.store(DV_ + at[:, None] * DV + dv[None, :], dvacc.to(DV_.dtype.element_ty),
              mask=cols_ok[:, None] & (dv[None, :] < DV))
+
+
+@triton.jit
+def row_deltas(O, DO, DLSE, DELTA, rows, H, T, DV, sob, soh, sot, sdb, sdh, sdt,
+               HAS_DLSE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """``δ = rowsum(dO ∘ O) - dlse`` in float32 for ``BLOCK_R`` of the ``B·H·T`` rows (row
+    ``r`` is ``(b, h, t)`` in that order): ``O``, ``DO`` ``(B, H, T, Dv)`` at their strides,
+    ``DLSE`` and ``DELTA`` ``(B, H, T)`` contiguous. One read of each, where the eager form
+    writes and reads three float32 copies of ``(B, H, T, Dv)``."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = r < rows
+    t = (r % T).to(tl.int64)
+    b = (r // T // H).to(tl.int64)
+    h = (r // T % H).to(tl.int64)
+    dv = tl.arange(0, BLOCK_DV)
+    edge = ok[:, None] & (dv[None, :] < DV)
+    o = tl.load(O + (b * sob + h * soh + t * sot)[:, None] + dv[None, :], mask=edge, other=0.0)
+    do = tl.load(DO + (b * sdb + h * sdh + t * sdt)[:, None] + dv[None, :], mask=edge,
+                 other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + r, mask=ok, other=0.0)
+    tl.store(DELTA + r, delta, mask=ok)

@@ -265,11 +265,18 @@ def paged_forward(q: Tensor, k_pool: Tensor, v_pool: Tensor, tables: Tensor,
 
 def _delta(out: Tensor, dout: Tensor, dlse: Tensor | None) -> Tensor:
     """``δ (B, H, T)`` float32 contiguous: ``rowsum(dO ∘ O)`` less the lse's own gradient
-    (``d lse / d s = p``), what both backward kernels subtract from ``dP``."""
-    delta = (dout.float() * out.float()).sum(-1)  # (B, H, T)
-    if dlse is not None:
-        delta = delta - dlse.float()
-    return delta.contiguous()
+    (``d lse / d s = p``), what both backward kernels subtract from ``dP``; one kernel
+    (:func:`qkv.attention.triton_backward.row_deltas`) reading ``O`` and ``dO`` once."""
+    B, H, T, Dv = out.shape
+    delta = torch.empty(B, H, T, dtype=torch.float32, device=out.device)
+    rows = B * H * T
+    dlse = delta if dlse is None else dlse.float().contiguous()
+    block = max(1, min(64, 8192 // _pow2(Dv)))  # rows a program: 8K elements of each
+    _launch(triton_backward.row_deltas, (-(-rows // block),), (
+        out, dout, dlse, delta, rows, H, T, Dv, *out.stride()[:3], *dout.stride()[:3],
+    ), dict(HAS_DLSE=dlse is not delta, BLOCK_R=block, BLOCK_DV=_pow2(Dv), num_warps=4,
+            num_stages=1))
+    return delta
 
 
 def backward(q, k, v, out, lse_safe, dout, dlse, mask, alibi, keep, spec):
