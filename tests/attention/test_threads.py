@@ -133,7 +133,8 @@ def _calls():
 @pytest.mark.parametrize("name", list(_calls()))
 def test_one_thread_and_two_give_the_same_bits(name, two_threads):
     g = torch.Generator().manual_seed(3)
-    inputs = [torch.randn(2, h, 333, 40, generator=g) for h in (4, 2, 2)]
+    T = 77 if name.startswith("triton") else 333  # interpreted: still 5 tiles of 16 a side
+    inputs = [torch.randn(2, h, T, 40, generator=g) for h in (4, 2, 2)]
     fn = _calls()[name]
     one, two = _run(fn, inputs, 1), _run(fn, inputs, 2)
     for what, a, b in zip(("out", "dq", "dk", "dv"), one, two, strict=True):
