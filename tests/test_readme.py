@@ -33,6 +33,8 @@ EXEMPT = {
     "make gpu-check": "needs a CUDA GPU; test_triton.py runs the kernels interpreted and "
     "compiles them without one",
     "pip install": "installs packages from an index; the tests run without a network",
+    "PYTHONPATH=/tmp/t36site": "compiles the kernels with another triton, installed from the "
+    "index first; test_triton.py compiles them with this checkout's",
     "espeak-ng": "an optional system tool; tests/pretrained/test_whisper_cli.py uses it",
     "jupyter lab": "starts an interactive server; tests/test_notebooks.py runs every notebook "
     "in a kernel instead",
