@@ -300,7 +300,7 @@ def test_the_gpu_suite_runs_every_case_dry_on_the_cpu(tmp_path):
     records = json.loads(out.read_text())["records"]
     groups = {r["group"] for r in records}
     assert groups >= {"dense", "decode", "paged", "alibi", "dropout", "window", "document",
-                      "relative", "weights"}, groups
+                      "relative", "python-mod", "weights"}, groups
     broken = [(r["name"], name, impl.get("error")) for r in records
               for name, impl in r.get("impls", {}).items()
               if not name.startswith("torch") and "median_ms" not in impl]

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from qkv.attention import flex_triton
+from qkv.attention import flex_compiled, flex_triton
 from qkv.attention.errors import AttentionArgumentError, AttentionTypeError
 from qkv.attention.flex_blocks import (
     DEFAULT_BLOCK,
@@ -72,9 +72,11 @@ def flex_attention(
         return_lse: also return the log-sum-exp ``(B, H, T)`` (float32 for half inputs).
         kernel_options: ``None`` or ``{"backend": name}``: ``"auto"`` (the default: the
             Triton kernels of :mod:`qkv.attention.flex_triton` on a GPU when they serve the
-            call, else the tile loop), ``"triton"`` (they must serve it; on CPU tensors under
-            ``TRITON_INTERPRET=1``) or ``"tiles"`` (the tile loop). :func:`flex_path` says
-            which one runs and why.
+            call; for a Python ``score_mod`` on a GPU, torch's compiled FlexAttention; else
+            the tile loop), ``"triton"`` (qkv's kernels must serve it; on CPU tensors under
+            ``TRITON_INTERPRET=1``), ``"compiled"`` (``torch.compile(flex_attention)``,
+            :mod:`qkv.attention.flex_compiled`; on CPU tensors inference only) or
+            ``"tiles"`` (the tile loop). :func:`flex_path` says which one runs and why.
         need_weights: also return the exact weights ``(B, H, T, S)`` (rebuilt from the
             log-sum-exp tile by tile; not differentiable).
 
@@ -83,18 +85,22 @@ def flex_attention(
         ``(out, lse?, weights?)`` in that order.
     """
     _check(query, key, value, score_mod, block_mask, enable_gqa)
-    path, why = flex_path(query, value, score_mod, block_mask, kernel_options)
+    path, why = flex_path(query, value, score_mod, block_mask, kernel_options, key=key,
+                          return_lse=return_lse, need_weights=need_weights)
     if path == "triton":
         return _on_triton(query, key, value, score_mod, block_mask, scale, return_lse,
                           need_weights)
-    if _backend(kernel_options) == "triton":
-        raise AttentionArgumentError(f"kernel_options backend='triton' cannot serve this "
-                                     f"call: {why}")
+    if path == "compiled":
+        return _on_compiled(query, key, value, score_mod, block_mask, scale, enable_gqa,
+                            return_lse, need_weights)
+    if _backend(kernel_options) in ("triton", "compiled"):
+        raise AttentionArgumentError(f"kernel_options backend={_backend(kernel_options)!r} "
+                                     f"cannot serve this call: {why}")
     with fitted_threads():
         return _flex(query, key, value, score_mod, block_mask, scale, return_lse, need_weights)
 
 
-_BACKENDS = ("auto", "triton", "tiles")
+_BACKENDS = ("auto", "triton", "compiled", "tiles")
 
 
 def _backend(kernel_options: dict | None) -> str:
@@ -113,16 +119,56 @@ def _backend(kernel_options: dict | None) -> str:
 
 
 def flex_path(query: Tensor, value: Tensor, score_mod=None, block_mask=None,
-              kernel_options: dict | None = None) -> tuple[str, str]:
+              kernel_options: dict | None = None, *, key: Tensor | None = None,
+              return_lse: bool = False, need_weights: bool = False) -> tuple[str, str]:
     """Which path :func:`flex_attention` takes for these arguments, and why:
-    ``("triton", reason)`` or ``("tiles", reason)``."""
+    ``("triton", reason)``, ``("compiled", reason)`` or ``("tiles", reason)``.
+
+    ``auto`` takes qkv's block-sparse Triton kernels where they serve the call (a GPU, a
+    block mask, no ``score_mod`` or a ready one); else, for a Python ``score_mod`` on a GPU,
+    torch's compiled FlexAttention (:mod:`qkv.attention.flex_compiled`); else the tile loop.
+    ``key``, ``return_lse`` and ``need_weights`` matter to the compiled path on the CPU
+    (inference only, no lse)."""
     backend = _backend(kernel_options)
     if backend == "tiles":
         return "tiles", "kernel_options asked for the tile loop"
-    why = flex_triton.why_not(query, value, score_mod, block_mask, named=backend == "triton")
-    if why is None:
-        return "triton", "block-sparse Triton kernels (empty tiles skipped, mask_mod on partial)"
-    return "tiles", why
+    why = None
+    if backend in ("auto", "triton"):
+        why = flex_triton.why_not(query, value, score_mod, block_mask,
+                                  named=backend == "triton")
+        if why is None:
+            return "triton", ("block-sparse Triton kernels (empty tiles skipped, mask_mod on "
+                              "partial)")
+        if backend == "triton" or score_mod is None:
+            return "tiles", why
+    grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (query, key, value))
+    why_compiled = flex_compiled.why_not(query, value, block_mask, grad,
+                                         return_lse or need_weights, named=backend != "auto")
+    if why_compiled is None:
+        return "compiled", ("torch.compile(flex_attention): the Python score_mod traced into "
+                            "generated kernels")
+    return "tiles", why_compiled if why is None else f"{why}; {why_compiled}"
+
+
+def _on_compiled(query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse,
+                 need_weights):
+    """Torch's compiled FlexAttention; weights (when asked) rebuilt from its lse."""
+    out, lse = flex_compiled.attend(query, key, value, score_mod, block_mask, scale,
+                                    enable_gqa, flex_compiled.gives_lse(query.device))
+    if lse is not None and score_mod is not None:
+        _check_finite_scores(lse, query, score_mod)
+    result = [out] + ([lse] if return_lse else [])
+    if need_weights:
+        B, H, T, D = query.shape
+        plan = _Plan(B, H, T, key.shape[2], *(block_mask.block_size if block_mask else
+                                              (DEFAULT_BLOCK, DEFAULT_BLOCK)),
+                     1.0 / math.sqrt(D) if scale is None else float(scale), score_mod,
+                     block_mask.mask_mod if block_mask else None, H // key.shape[1])
+        visit = _visits(block_mask) if block_mask else _all_visited(T, key.shape[2])
+        with torch.no_grad():
+            result.append(_weights(query, key, lse, visit, plan))
+    return result[0] if len(result) == 1 else tuple(result)
 
 
 def _on_triton(query, key, value, score_mod, block_mask, scale, return_lse, need_weights):
@@ -145,8 +191,7 @@ def _flex(query, key, value, score_mod, block_mask, scale, return_lse, need_weig
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     if block_mask is None:
         bq, bk = DEFAULT_BLOCK, DEFAULT_BLOCK
-        nk = -(-S // bk)
-        visit = [_spans(list(range(nk)), [True] * nk, bk) for _ in range(-(-T // bq))]
+        visit = _all_visited(T, S)
         mask_mod = None
     else:
         bq, bk = block_mask.block_size
@@ -243,6 +288,13 @@ def _row_groups(visit, bq: int, T: int) -> list[tuple[int, int, list]]:
         else:
             groups.append((i0, i1, spans))
     return groups
+
+
+def _all_visited(T: int, S: int) -> list[list[tuple[int, int, int]]]:
+    """:func:`_visits` of no block mask: every key block full, for every query block."""
+    nk = -(-S // DEFAULT_BLOCK)
+    return [_spans(list(range(nk)), [True] * nk, DEFAULT_BLOCK)
+            for _ in range(-(-T // DEFAULT_BLOCK))]
 
 
 def _visits(block_mask: BlockMask) -> list[list[tuple[int, int, int]]]:

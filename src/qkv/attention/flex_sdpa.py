@@ -98,7 +98,8 @@ def sdpa_flex(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
 
 @dataclass(frozen=True)
 class FlexExplanation:
-    """Which path a flex call takes (``path``: ``"triton"``, the block-sparse kernels, or
+    """Which path a flex call takes (``path``: ``"triton"``, the block-sparse kernels,
+    ``"compiled"``, torch's compiled FlexAttention for a Python ``score_mod`` on a GPU, or
     ``"tiles"``, the tile loop; ``why``), and what it costs: the block mask's density and the
     predicted work."""
 

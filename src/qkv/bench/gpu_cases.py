@@ -137,6 +137,25 @@ def _relative(dev, sh):
         kernel_options={"backend": "tiles"})
 
 
+def _python_mod(dev, sh):
+    """Causal attention with a Python score_mod qkv's kernels cannot run (a head bias on the
+    past keys): qkv's flex (on a GPU through torch's compiled kernels) and compiled flex
+    called directly, so the ratio is qkv's own cost around the same kernel."""
+    (q, k, v), T = _qkv(dev, sh), sh["T"]
+    bias = torch.linspace(-1.0, 1.0, sh["H"], device=dev)
+
+    def biased(score, b, h, i, j):
+        return score + bias[h] * (j < i)
+
+    def causal(b, h, i, j):
+        return j <= i
+    bm = qkv.create_block_mask(causal, None, None, T, T, device=dev)
+    impls = {"qkv_flex": lambda q, k, v: qkv.flex_attention(q, k, v, biased, bm),
+             "torch_flex_compiled": _guard(_compiled_flex, dev, causal, T, T, biased)}
+    return (q, k, v), impls, lambda: qkv.flex_attention(
+        q.double(), k.double(), v.double(), biased, bm, kernel_options={"backend": "tiles"})
+
+
 def _paged(dev, sh, page=16):
     """A paged decoding step (write the new key and value, attend): the Triton kernel reading
     pages in place, the chunked gather, and torch's SDPA on the same cache unpaged."""
@@ -230,6 +249,8 @@ def cases(quick: bool) -> list[dict]:
             base="qkv_flex", B=1 if quick else 2, T=T, S=T)
     T = 64 if quick else 4096
     add(f"relative bias (T5, learned) causal T={T} fwd+bwd", "relative", _relative, True,
+        base="qkv_flex", T=T, S=T)
+    add(f"python score_mod causal T={T} fwd+bwd", "python-mod", _python_mod, True,
         base="qkv_flex", T=T, S=T)
     T, n, heads = (128, 16, [0, 1]) if quick else (16384, 64, [3, 11])
     add(f"weights 2 heads {n} rows T={T}", "weights",
