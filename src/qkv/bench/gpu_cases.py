@@ -118,42 +118,41 @@ def _document(dev, sh, docs=8):
     return (q, k, v), impls, lambda: _math(q, k, v, attn_mask=doc[:, None] == doc[None, :])
 
 
+def _causal(b, h, i, j):
+    return j <= i
+
+
+def _causal_flex(dev, sh, score_mod, reference_mod):
+    """Causal flex with ``score_mod``: qkv's flex and compiled flex; the reference is the
+    tile loop in float64 with ``reference_mod`` (the same mod, its data in float64)."""
+    (q, k, v), T = _qkv(dev, sh), sh["T"]
+    bm = qkv.create_block_mask(_causal, None, None, T, T, device=dev)
+    impls = {"qkv_flex": lambda q, k, v: qkv.flex_attention(q, k, v, score_mod, bm),
+             "torch_flex_compiled": _guard(_compiled_flex, dev, _causal, T, T, score_mod)}
+    return (q, k, v), impls, lambda: qkv.flex_attention(
+        q.double(), k.double(), v.double(), reference_mod, bm,
+        kernel_options={"backend": "tiles"})
+
+
 def _relative(dev, sh):
     """Causal attention with T5's relative bias, its table learned (32 buckets, distances to
     128): qkv's flex on Triton (the gradient from its dQ kernel) and compiled flex."""
     from qkv.attention.score_mods import relative_bias
 
-    (q, k, v), T = _qkv(dev, sh), sh["T"]
     table = (0.1 * torch.randn(32, sh["H"], device=dev)).requires_grad_()
-    t5 = relative_bias(table, 32, 128, bidirectional=False)
-
-    def causal(b, h, i, j):
-        return j <= i
-    bm = qkv.create_block_mask(causal, None, None, T, T, device=dev)
-    impls = {"qkv_flex": lambda q, k, v: qkv.flex_attention(q, k, v, t5, bm),
-             "torch_flex_compiled": _guard(_compiled_flex, dev, causal, T, T, t5)}
-    return (q, k, v), impls, lambda: qkv.flex_attention(
-        q.double(), k.double(), v.double(), relative_bias(table.double(), 32, 128, False), bm,
-        kernel_options={"backend": "tiles"})
+    return _causal_flex(dev, sh, relative_bias(table, 32, 128, bidirectional=False),
+                        relative_bias(table.double(), 32, 128, False))
 
 
 def _python_mod(dev, sh):
     """Causal attention with a Python score_mod qkv's kernels cannot run (a head bias on the
     past keys): qkv's flex (on a GPU through torch's compiled kernels) and compiled flex
     called directly, so the ratio is qkv's own cost around the same kernel."""
-    (q, k, v), T = _qkv(dev, sh), sh["T"]
     bias = torch.linspace(-1.0, 1.0, sh["H"], device=dev)
 
     def biased(score, b, h, i, j):
         return score + bias[h] * (j < i)
-
-    def causal(b, h, i, j):
-        return j <= i
-    bm = qkv.create_block_mask(causal, None, None, T, T, device=dev)
-    impls = {"qkv_flex": lambda q, k, v: qkv.flex_attention(q, k, v, biased, bm),
-             "torch_flex_compiled": _guard(_compiled_flex, dev, causal, T, T, biased)}
-    return (q, k, v), impls, lambda: qkv.flex_attention(
-        q.double(), k.double(), v.double(), biased, bm, kernel_options={"backend": "tiles"})
+    return _causal_flex(dev, sh, biased, biased)
 
 
 def _paged(dev, sh, page=16):
