@@ -109,11 +109,12 @@ def _ready_mod(mod: str, H: int, T: int, S: int):
 
 
 @pytest.mark.parametrize("mod", ["alibi", "softcap", "relative", "relative causal"])
-@pytest.mark.parametrize("kind", ["document", "per head"])
+@pytest.mark.parametrize("kind", ["document", "per head", "no block mask"])
 def test_ready_score_mods_run_in_the_kernel_and_equal_float64(mod, kind):
+    """With a block mask, or alone (every tile full, no mask read)."""
     shape = SHAPES[1]
     H, T, S = shape[1], shape[3], shape[4]
-    bm = _block_mask(kind, shape)
+    bm = None if kind == "no block mask" else _block_mask(kind, shape)
     score_mod = _ready_mod(mod, H, T, S)
     q, k, v = (t.requires_grad_() for t in _inputs(shape))
     assert flex_path(q, v, score_mod, bm, TRITON)[0] == "triton"
@@ -186,7 +187,9 @@ def test_path_says_which_kernel_runs_and_why(monkeypatch):
     q, k, v = _inputs(shape)
     def bias(s, b, h, i, j):
         return s + 0.1
-    assert flex_path(q, v, bias, bm, TRITON)[1].startswith("a Python score_mod runs")
+    assert flex_path(q, v, bias, bm, TRITON)[1].startswith("a Python score_mod cannot run")
+    assert flex_path(q, v, bias, None, TRITON)[1].startswith("a Python score_mod cannot run")
+    assert flex_path(q, v, soft_cap(20.0), None, TRITON)[0] == "triton"
     table = torch.zeros(32, 2, device=DEVICE)
     assert flex_path(q, v, relative_bias(table, 32, 64), bm, TRITON)[0] == "triton"
     learned_table = table.clone().requires_grad_()

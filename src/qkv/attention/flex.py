@@ -35,6 +35,7 @@ from qkv.attention.flex_blocks import (
     FULL,
     PARTIAL,
     BlockMask,
+    full_block_mask,
     index_grid,
     tile_keep,
 )
@@ -174,6 +175,8 @@ def _on_compiled(query, key, value, score_mod, block_mask, scale, enable_gqa, re
 def _on_triton(query, key, value, score_mod, block_mask, scale, return_lse, need_weights):
     """The Triton path; weights (when asked) rebuilt from its lse on the visited tiles."""
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    if block_mask is None:  # a ready score mod alone
+        block_mask = full_block_mask(query.shape[2], key.shape[2])
     out, lse = flex_triton.attend(query, key, value, block_mask, scale, score_mod)
     result = [out] + ([lse] if return_lse else [])
     if need_weights:

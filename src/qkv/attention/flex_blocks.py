@@ -14,6 +14,7 @@ would work under torch's ``vmap`` works here (no Python ``if`` on tensor values)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ __all__ = [
     "BlockMask",
     "and_masks",
     "create_block_mask",
+    "full_block_mask",
     "index_grid",
     "noop_mask",
     "or_masks",
@@ -225,3 +227,13 @@ def create_block_mask(
             tiles_all, FULL, torch.where(tiles_any, PARTIAL, EMPTY)
         ).to(torch.uint8)
     return BlockMask(state, mask_mod, Q_LEN, KV_LEN, (bq, bk))
+
+
+@functools.lru_cache(maxsize=32)
+def full_block_mask(Q_LEN: int, KV_LEN: int) -> BlockMask:
+    """The block mask of no mask: every ``DEFAULT_BLOCK`` tile of ``(Q_LEN, KV_LEN)`` full
+    (no ``mask_mod`` evaluated anywhere), built without evaluating one, and kept (its kernel
+    tables are kept with it), for a ready score mod called without a block mask."""
+    nq, nk = -(-Q_LEN // DEFAULT_BLOCK), -(-KV_LEN // DEFAULT_BLOCK)
+    state = torch.full((1, 1, nq, nk), FULL, dtype=torch.uint8)  # (1, 1, nQ, nK)
+    return BlockMask(state, noop_mask, Q_LEN, KV_LEN, (DEFAULT_BLOCK, DEFAULT_BLOCK))

@@ -28,7 +28,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from qkv.attention.dropout import dropout_state
-from qkv.attention.flex_blocks import EMPTY, PARTIAL, BlockMask, tile_keep
+from qkv.attention.flex_blocks import (
+    DEFAULT_BLOCK,
+    EMPTY,
+    PARTIAL,
+    BlockMask,
+    full_block_mask,
+    tile_keep,
+)
 from qkv.attention.masks import safe_lse
 from qkv.attention.score_mods import check_head_count, relative_position_bucket
 from qkv.attention.triton_env import installed, interpreting
@@ -49,12 +56,12 @@ def why_not(query: Tensor, value: Tensor, score_mod, block_mask: BlockMask | Non
         return "Triton runs on CUDA tensors"
     params = getattr(score_mod, "kernel_params", None)
     if score_mod is not None and params is None:
-        return "a Python score_mod runs on the tile loop, not inside a Triton kernel"
-    if block_mask is None:
+        return "a Python score_mod cannot run inside qkv's Triton kernels (the ready mods do)"
+    if block_mask is None and score_mod is None:
         return "no block mask (qkv.scaled_dot_product_attention serves unmasked calls)"
     if query.dtype not in _DTYPES:
         return f"Triton computes float32, bfloat16 and float16, not {query.dtype}"
-    bq, bk = block_mask.block_size
+    bq, bk = (DEFAULT_BLOCK, DEFAULT_BLOCK) if block_mask is None else block_mask.block_size
     if any(b < 16 or b > 128 or b & (b - 1) for b in (bq, bk)):
         return f"block size {(bq, bk)}: the kernels take powers of two from 16 to 128"
     if max(query.shape[-1], value.shape[-1]) > 256:
@@ -160,7 +167,7 @@ def score_mod_params(score_mod, query: Tensor, S: int) -> ScoreMod:
     return ScoreMod(3, table[bucket].t().contiguous())  # (H, T + S - 1)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float,
+def attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask | None, scale: float,
            score_mod=None, dropout_p: float = 0.0):
     """``(out (B, H, T, Dv), lse (B, H, T) float32)``, differentiable in q, k, v (and lse).
 
@@ -169,6 +176,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float,
     the dense definition (``qkv.nn.core.flex_dense``) draws on a GPU. The lse is that of the
     weights before dropout.
     """
+    if block_mask is None:  # a ready score mod alone: every tile full
+        block_mask = full_block_mask(q.shape[2], k.shape[2])
     tab = tables(block_mask, q.device)
     mod = score_mod_params(score_mod, q, k.shape[2])
     data = mod.data if mod.data is not None else q.new_empty(0)
