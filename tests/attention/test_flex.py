@@ -13,7 +13,13 @@ import qkv
 from helpers import DEVICE, max_error
 from qkv.attention.errors import AttentionArgumentError, AttentionTypeError
 from qkv.attention.flex import flex_path
-from qkv.attention.flex_blocks import and_masks, create_block_mask, noop_mask, or_masks
+from qkv.attention.flex_blocks import (
+    and_masks,
+    create_block_mask,
+    full_block_mask,
+    noop_mask,
+    or_masks,
+)
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 
@@ -198,6 +204,8 @@ def test_bad_arguments_are_named():
         create_block_mask(lambda b, h, i, j: i - j, 1, 1, 8, 8)
     with pytest.raises(AttentionArgumentError, match="KV_LEN"):
         create_block_mask(causal, 1, 1, 8, 0)
+    with pytest.raises(AttentionArgumentError, match="Q_LEN must be an int >= 1, got 0"):
+        full_block_mask(0, 8)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)

@@ -22,7 +22,6 @@ Shapes: ``query (B, H, T, D)``, ``key (B, Hkv, S, D)``, ``value (B, Hkv, S, Dv)`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -30,15 +29,8 @@ from torch import Tensor
 
 from qkv.attention import flex_compiled, flex_triton
 from qkv.attention.errors import AttentionArgumentError, AttentionTypeError
-from qkv.attention.flex_blocks import DEFAULT_BLOCK, BlockMask, full_block_mask
-from qkv.attention.flex_loop import (
-    Plan,
-    all_visited,
-    check_finite_scores,
-    rebuilt_weights,
-    tile_loop,
-    visits,
-)
+from qkv.attention.flex_blocks import BlockMask
+from qkv.attention.flex_loop import Plan, check_finite_scores, results, tile_loop
 from qkv.attention.threads import fitted_threads
 
 __all__ = ["flex_attention", "flex_path"]
@@ -157,33 +149,15 @@ def _on_compiled(query, key, value, score_mod, block_mask, scale, enable_gqa, re
                                     enable_gqa, flex_compiled.gives_lse(query.device))
     if lse is not None and score_mod is not None:
         check_finite_scores(lse, query, score_mod)
-    result = [out] + ([lse] if return_lse else [])
-    if need_weights:
-        B, H, T, D = query.shape
-        plan = Plan(B, H, T, key.shape[2], *(block_mask.block_size if block_mask else
-                                              (DEFAULT_BLOCK, DEFAULT_BLOCK)),
-                     1.0 / math.sqrt(D) if scale is None else float(scale), score_mod,
-                     block_mask.mask_mod if block_mask else None, H // key.shape[1])
-        visit = visits(block_mask) if block_mask else all_visited(T, key.shape[2])
-        with torch.no_grad():
-            result.append(rebuilt_weights(query, key, lse, visit, plan))
-    return result[0] if len(result) == 1 else tuple(result)
+    plan = Plan.of(query, key, score_mod, block_mask, scale)
+    return results(query, key, out, lse, plan, return_lse, need_weights)
 
 
 def _on_triton(query, key, value, score_mod, block_mask, scale, return_lse, need_weights):
     """The Triton path; weights (when asked) rebuilt from its lse on the visited tiles."""
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-    if block_mask is None:  # a ready score mod alone
-        block_mask = full_block_mask(query.shape[2], key.shape[2])
-    out, lse = flex_triton.attend(query, key, value, block_mask, scale, score_mod)
-    result = [out] + ([lse] if return_lse else [])
-    if need_weights:
-        B, H, T = query.shape[:3]
-        plan = Plan(B, H, T, key.shape[2], *block_mask.block_size, scale, score_mod,
-                     block_mask.mask_mod, H // key.shape[1])
-        with torch.no_grad():
-            result.append(rebuilt_weights(query, key, lse, visits(block_mask), plan))
-    return result[0] if len(result) == 1 else tuple(result)
+    plan = Plan.of(query, key, score_mod, block_mask, scale)
+    out, lse = flex_triton.attend(query, key, value, block_mask, plan.scale, score_mod)
+    return results(query, key, out, lse, plan, return_lse, need_weights)
 
 
 def _check(query, key, value, score_mod, block_mask, enable_gqa) -> None:

@@ -180,6 +180,12 @@ class BlockMask:
         )
 
 
+def _check_sizes(**sizes: object) -> None:
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise AttentionArgumentError(f"{name} must be an int >= 1, got {value!r}")
+
+
 def create_block_mask(
     mask_mod: Callable,
     B: int | None,
@@ -204,10 +210,7 @@ def create_block_mask(
         raise AttentionTypeError(f"mask_mod must be callable, got {type(mask_mod).__name__}")
     B = 1 if B is None else B
     H = 1 if H is None else H
-    for name, value, low in (("B", B, 1), ("H", H, 1), ("Q_LEN", Q_LEN, 1),
-                             ("KV_LEN", KV_LEN, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise AttentionArgumentError(f"{name} must be an int >= {low}, got {value!r}")
+    _check_sizes(B=B, H=H, Q_LEN=Q_LEN, KV_LEN=KV_LEN)
     bq, bk = _block_size(BLOCK_SIZE)
     nq, nk = -(-Q_LEN // bq), -(-KV_LEN // bk)
     _refuse_bombs(B, H, Q_LEN, KV_LEN, bq, nq, nk)
@@ -234,6 +237,7 @@ def full_block_mask(Q_LEN: int, KV_LEN: int) -> BlockMask:
     """The block mask of no mask: every ``DEFAULT_BLOCK`` tile of ``(Q_LEN, KV_LEN)`` full
     (no ``mask_mod`` evaluated anywhere), built without evaluating one, and kept (its kernel
     tables are kept with it), for a ready score mod called without a block mask."""
+    _check_sizes(Q_LEN=Q_LEN, KV_LEN=KV_LEN)
     nq, nk = -(-Q_LEN // DEFAULT_BLOCK), -(-KV_LEN // DEFAULT_BLOCK)
     state = torch.full((1, 1, nq, nk), FULL, dtype=torch.uint8)  # (1, 1, nQ, nK)
     return BlockMask(state, noop_mask, Q_LEN, KV_LEN, (DEFAULT_BLOCK, DEFAULT_BLOCK))

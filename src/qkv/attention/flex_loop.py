@@ -21,6 +21,7 @@ Shapes: ``query (B, H, T, D)``, ``key (B, Hkv, S, D)``, ``value (B, Hkv, S, Dv)`
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -43,24 +44,15 @@ from qkv.attention.threads import fitted_threads
 from qkv.checks import values_unknown
 
 __all__ = ["GROUP_ROWS", "SPAN_KEYS", "Plan", "all_visited", "check_finite_scores",
-           "checked_scores", "rebuilt_weights", "tile_loop", "visits"]
+           "checked_scores", "rebuilt_weights", "results", "tile_loop", "visits"]
 
 
 def tile_loop(query, key, value, score_mod, block_mask, scale, return_lse, need_weights):
-    B, H, T, D = query.shape
-    S = key.shape[2]
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    if block_mask is None:
-        bq, bk = DEFAULT_BLOCK, DEFAULT_BLOCK
-        visit = all_visited(T, S)
-        mask_mod = None
-    else:
-        bq, bk = block_mask.block_size
-        visit = visits(block_mask)
-        mask_mod = block_mask.mask_mod
-    plan = Plan(B, H, T, S, bq, bk, scale, score_mod, mask_mod, H // key.shape[1])
+    """:func:`qkv.flex_attention` on the tile loop: ``query (B, H, T, D)``, ``key (B, Hkv,
+    S, D)``, ``value (B, Hkv, S, Dv)``; returns as :func:`results` does."""
+    plan = Plan.of(query, key, score_mod, block_mask, scale)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-    groups = _row_groups(visit, bq, T)
+    groups = _row_groups(plan.visit, plan.bq, plan.T)
     if fused_serves(query, value, score_mod, grad, return_lse):
         # No score_mod: spans on torch's fused kernel, its fused backward per span.
         out, lse = fused_attention(query, key, value, groups, plan)
@@ -79,12 +71,18 @@ def tile_loop(query, key, value, score_mod, block_mask, scale, return_lse, need_
                 query[:, :, i0:i1], key, value, i0, tiles, plan, inplace=True))
     if score_mod is not None:
         check_finite_scores(lse, query, score_mod)
-    result = [out]
-    if return_lse:
-        result.append(lse)
+    return results(query, key, out, lse, plan, return_lse, need_weights)
+
+
+def results(query: Tensor, key: Tensor, out: Tensor, lse: Tensor, plan: Plan,
+            return_lse: bool, need_weights: bool):
+    """What :func:`qkv.flex_attention` returns on every path: ``out (B, H, T, Dv)``, then
+    the lse ``(B, H, T)`` and the weights ``(B, H, T, S)`` rebuilt from it on the visited
+    tiles, as asked (a tuple when more than ``out``)."""
+    result = [out] + ([lse] if return_lse else [])
     if need_weights:
         with torch.no_grad():
-            result.append(rebuilt_weights(query, key, lse, visit, plan))
+            result.append(rebuilt_weights(query, key, lse, plan.visit, plan))
     return result[0] if len(result) == 1 else tuple(result)
 
 
@@ -107,12 +105,31 @@ def check_finite_scores(lse: Tensor, query: Tensor, score_mod) -> None:
 
 
 class Plan:
-    """What every row block needs besides its tensors."""
+    """What every row block needs besides its tensors; ``visit``, the key-block spans each
+    query block visits, is worked out on first use."""
 
-    def __init__(self, B, H, T, S, bq, bk, scale, score_mod, mask_mod, G):
+    def __init__(self, B, H, T, S, bq, bk, scale, score_mod, block_mask, G):
         self.B, self.H, self.T, self.S = B, H, T, S
         self.bq, self.bk, self.scale, self.G = bq, bk, scale, G
-        self.score_mod, self.mask_mod = score_mod, mask_mod
+        self.score_mod, self.block_mask = score_mod, block_mask
+        self.mask_mod = None if block_mask is None else block_mask.mask_mod
+
+    @classmethod
+    def of(cls, query: Tensor, key: Tensor, score_mod, block_mask: BlockMask | None,
+           scale: float | None) -> Plan:
+        """The plan of a call on ``query (B, H, T, D)`` and ``key (B, Hkv, S, D)``; no block
+        mask: every ``DEFAULT_BLOCK`` tile, full; ``scale`` None: ``1/sqrt(D)``."""
+        B, H, T, D = query.shape
+        bq, bk = (DEFAULT_BLOCK, DEFAULT_BLOCK) if block_mask is None else block_mask.block_size
+        scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+        return cls(B, H, T, key.shape[2], bq, bk, scale, score_mod, block_mask,
+                   H // key.shape[1])
+
+    @functools.cached_property
+    def visit(self) -> list[list[tuple[int, int, int]]]:
+        if self.block_mask is None:
+            return all_visited(self.T, self.S)
+        return visits(self.block_mask)
 
 
 # Consecutive visited key blocks are attended as one span of at most this many keys: fewer,

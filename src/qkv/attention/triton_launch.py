@@ -270,11 +270,11 @@ def _delta(out: Tensor, dout: Tensor, dlse: Tensor | None) -> Tensor:
     B, H, T, Dv = out.shape
     delta = torch.empty(B, H, T, dtype=torch.float32, device=out.device)
     rows = B * H * T
-    dlse = delta if dlse is None else dlse.float().contiguous()
+    dlse_at = delta if dlse is None else dlse.float().contiguous()  # (unread without one)
     block = max(1, min(64, 8192 // _pow2(Dv)))  # rows a program: 8K elements of each
     _launch(triton_backward.row_deltas, (-(-rows // block),), (
-        out, dout, dlse, delta, rows, H, T, Dv, *out.stride()[:3], *dout.stride()[:3],
-    ), dict(HAS_DLSE=dlse is not delta, BLOCK_R=block, BLOCK_DV=_pow2(Dv), num_warps=4,
+        out, dout, dlse_at, delta, rows, H, T, Dv, *out.stride()[:3], *dout.stride()[:3],
+    ), dict(HAS_DLSE=dlse is not None, BLOCK_R=block, BLOCK_DV=_pow2(Dv), num_warps=4,
             num_stages=1))
     return delta
 
