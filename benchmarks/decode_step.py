@@ -4,10 +4,14 @@ checkout of qkv in the same run (``--baseline PATH/src``), alternating the two.
     python benchmarks/decode_step.py --baseline /tmp/qkv-base/src --threads 1
 
 Measures ``session.next(tokens)`` (one cached forward step, greedy token fed back) for
-SmolLM2-135M-Instruct (when its package is installed) and a GPT-2-style DecoderLM (d_model 256,
-4 layers, 4 heads, random weights), batch 1, prompt 32 tokens, 64 steps; prints the median and
-the minimum over ``--repeats`` runs of each checkout. ``--load`` runs one busy process beside
-the measurement (:func:`qkv.bench.measure.busy_core`); ``--policies adaptive,fixed`` runs each
+SmolLM2-135M-Instruct (when its package is installed) and GPT-2-style DecoderLMs with random
+weights (``gpt2-small``: d_model 256, 4 layers, 4 heads; ``gpt2-124m``: GPT-2's own sizes,
+d_model 768, 12 layers, 12 heads, 50,257 tokens), batch 1, prompt 32 tokens, 64 steps; prints
+the median and the minimum over ``--repeats`` runs of each checkout. ``--device cuda --modes
+eager,compiled,graphs`` times a GPU's eager steps, compiled steps, and compiled steps replayed
+from CUDA graphs (what ``compile=True`` does there; ``make gpu-check`` runs it). ``--load``
+runs one busy process beside the measurement (:func:`qkv.bench.measure.busy_core`);
+``--policies adaptive,fixed`` runs each
 checkout under both thread policies (``QKV_THREADS``: fit the threads to the free cores, or
 keep torch's setting); ``--out FILE`` writes the results as JSON.
 """
@@ -27,38 +31,48 @@ from common import busy_core, machine_info, machine_line
 CHILD = r"""
 import json, sys, time, torch
 torch.set_num_threads(int(sys.argv[1]))
-which, steps = sys.argv[2], int(sys.argv[3])
+which, steps, device, mode = sys.argv[2], int(sys.argv[3]), sys.argv[5], sys.argv[6]
+dtype = getattr(torch, sys.argv[7])
 import qkv
+from qkv.generate import compiled
 from qkv.generate.session import make_session
 if which == "smollm2":
     from qkv.pretrained import load
     model = load("SmolLM2-135M-Instruct").model
-    V = model.config.vocab_size
 else:
     from qkv.models import DecoderLM, DecoderLMConfig
     torch.manual_seed(0)
-    model = DecoderLM(DecoderLMConfig.gpt2_style(vocab_size=1000, d_model=256, num_layers=4,
-                                                 num_heads=4, max_len=512))
-    V = 1000
-model.eval()
+    size = (dict(vocab_size=50257, d_model=768, num_layers=12, num_heads=12)
+            if which == "gpt2-124m" else dict(vocab_size=1000, d_model=256, num_layers=4,
+                                              num_heads=4))
+    model = DecoderLM(DecoderLMConfig.gpt2_style(max_len=512, **size))
+model = model.to(device, dtype).eval()
+compiled.CUDA_GRAPHS = mode == "graphs"
 prompt = [list(range(5, 37))]
 times = []
-with torch.no_grad():
-    for _ in range(2):
-        s = make_session(model, prompt, steps + 1, pad_id=None, bos_id=None)
+sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+with torch.inference_mode():
+    for _ in range(2):  # the first run compiles (and records its CUDA graph): the min is the second
+        s = (make_session(model, prompt, steps + 1, pad_id=None, bos_id=None) if mode == "eager"
+             else compiled.open_session(model, prompt, steps + 1, pad_id=None, bos_id=None,
+                                        compile=True))
         logits = s.first()
+        logits = s.next(logits.argmax(-1))  # (a compiled session's first step compiles)
+        sync()
         t0 = time.perf_counter()
         for _ in range(steps):
             logits = s.next(logits.argmax(-1))
+        sync()
         times.append((time.perf_counter() - t0) / steps * 1e3)
 print(json.dumps(min(times)))
 """
 
 
-def run(src: str, which: str, threads: int, steps: int, policy: str = "adaptive") -> float:
+def run(src: str, which: str, threads: int, steps: int, policy: str = "adaptive",
+        device: str = "cpu", mode: str = "eager", dtype: str = "float32") -> float:
     env = dict(os.environ, PYTHONPATH=src, QKV_THREADS=policy)
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(threads), which, str(steps)],
+        [sys.executable, "-c", CHILD, str(threads), which, str(steps), "", device, mode, dtype],
         env=env, capture_output=True, text=True, check=True,
     )
     return float(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -74,14 +88,25 @@ def main() -> None:
     parser.add_argument("--load", action="store_true", help="one busy process beside it")
     parser.add_argument("--policies", default="adaptive", help="QKV_THREADS values to run")
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16 (GPU)")
+    parser.add_argument("--modes", default="eager",
+                        help="eager, compiled (torch.compile, no CUDA graphs), graphs "
+                             "(compile=True as qkv runs it: CUDA graphs on a GPU)")
     args = parser.parse_args()
+    args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
     checkouts = {"this": os.path.abspath(here)}
     if args.baseline:
         checkouts["baseline"] = os.path.abspath(args.baseline)
     info = {**machine_info(), "threads": args.threads}
-    print(f"decode step, batch 1, prompt 32, {args.steps} steps"
-          f"{', one busy process beside it' if args.load else ''}; {machine_line(info)}")
+    gpu = ""
+    if args.device.startswith("cuda"):
+        import torch
+
+        gpu = f"{torch.cuda.get_device_name()}, "
+    print(f"decode step, batch 1, prompt 32, {args.steps} steps, {args.dtype}"
+          f"{', one busy process beside it' if args.load else ''}; {gpu}{machine_line(info)}")
     with busy_core() if args.load else nullcontext():
         rows = _measure(args, checkouts)
     if args.out:
@@ -91,18 +116,20 @@ def main() -> None:
 
 def _measure(args, checkouts: dict[str, str]) -> list[dict]:
     rows = []
-    runs = [(name, src, policy) for name, src in checkouts.items()
-            for policy in args.policies.split(",")]
+    runs = [(name, src, policy, mode) for name, src in checkouts.items()
+            for policy in args.policies.split(",") for mode in args.modes.split(",")]
     for which in args.models.split(","):
-        results: dict[tuple, list[float]] = {(n, p): [] for n, _, p in runs}
+        results: dict[tuple, list[float]] = {(n, p, m): [] for n, _, p, m in runs}
         for _ in range(args.repeats):
-            for name, src, policy in runs:  # alternate, so drift hits all alike
-                results[name, policy].append(run(src, which, args.threads, args.steps, policy))
-        for (name, policy), ms in results.items():
-            print(f"  {which:12s} {name:9s} {policy:9s} ms/token median "
+            for name, src, policy, mode in runs:  # alternate, so drift hits all alike
+                results[name, policy, mode].append(run(
+                    src, which, args.threads, args.steps, policy, args.device, mode, args.dtype))
+        for (name, policy, mode), ms in results.items():
+            print(f"  {which:12s} {name:9s} {policy:9s} {mode:8s} ms/token median "
                   f"{statistics.median(ms):7.2f}  min {min(ms):7.2f}  "
                   f"({', '.join(f'{m:.2f}' for m in ms)})", flush=True)
-            rows.append({"model": which, "checkout": name, "policy": policy, "load": args.load,
+            rows.append({"model": which, "checkout": name, "policy": policy, "mode": mode,
+                         "device": args.device, "dtype": args.dtype, "load": args.load,
                          "median_ms": statistics.median(ms), "min_ms": min(ms), "runs": ms})
     return rows
 

@@ -4,7 +4,8 @@
 # the machine's own python with CUDA torch and triton (PYTHON=...) and qkv from src/ (nothing
 # is installed). Logs and JSON go to $OUT (default benchmarks/results), named after the GPU.
 # Each step has a time limit (TRITON_SECONDS, TILES_SECONDS, FLEX_TILES_SECONDS, TEST_SECONDS,
-# BENCH_SECONDS, OVERHEAD_SECONDS, HOST_SECONDS; BENCH_ARGS="--groups alibi,decode" runs some
+# BENCH_SECONDS, OVERHEAD_SECONDS, HOST_SECONDS, COMPILED_SECONDS, DECODE_SECONDS; 0 skips the
+# last two; BENCH_ARGS="--groups alibi,decode" runs some
 # groups of benchmarks/gpu.py, OVERHEAD_ARGS="" drops the profile); a step cut by it is interrupted
 # (SIGINT), so pytest still prints its summary and the benchmark still writes its JSON.
 set -u
@@ -54,3 +55,17 @@ timeout -s INT "${OVERHEAD_SECONDS:-40}" $PY benchmarks/call_overhead.py --devic
 echo "== 5b. the host-side parts of a triton decoding step (benchmarks/triton_host.py: qkv's own, Triton's JIT)"
 timeout -s INT "${HOST_SECONDS:-30}" $PY benchmarks/triton_host.py --calls 2000 2>&1 \
   | grep -v -i warn | tee "$OUT/triton-host-$gpu.log"
+
+echo "== 6. compiled decoding on CUDA: CUDA graphs (tests/generate/test_compiled.py)"
+if [ "${COMPILED_SECONDS:-60}" != 0 ]; then
+  QKV_TEST_DEVICE=cuda timeout -s INT "${COMPILED_SECONDS:-60}" $PY -m pytest -q \
+    -p no:cacheprovider -n 4 -rfEs --tb=short tests/generate/test_compiled.py \
+    >"$OUT/gpu-compiled-$gpu.log" 2>&1
+  summary "$OUT/gpu-compiled-$gpu.log" 20
+fi
+echo "== 7. ms a token: eager, compiled, CUDA graphs (benchmarks/decode_step.py, GPT-2 124M sizes)"
+if [ "${DECODE_SECONDS:-90}" != 0 ]; then
+  timeout -s INT "${DECODE_SECONDS:-90}" $PY benchmarks/decode_step.py --device cuda \
+    --models gpt2-124m --modes eager,compiled,graphs --repeats 1 --steps 64 \
+    --out "$OUT/decode-gpu-$gpu.json" 2>&1 | grep -v -i warn
+fi

@@ -72,7 +72,7 @@ def test_sampling_with_static_cache_equals_dynamic():
 def test_failed_compile_warns_and_decodes_eagerly(kind, monkeypatch):
     model, inputs = (_model(), PROMPTS) if kind == "decoder" else (_seq2seq(), SOURCES)
 
-    def broken(*args):
+    def broken(*args, **kwargs):
         def fail(*args, **kwargs):
             raise RuntimeError("no C++ compiler found")
         return fail
@@ -83,6 +83,85 @@ def test_failed_compile_warns_and_decodes_eagerly(kind, monkeypatch):
     with pytest.warns(RuntimeWarning, match="needs a working C\\+\\+ compiler"):
         got = greedy(model, inputs, max_new_tokens=5, eos_id=None, compile=True)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["compiled", "cuda-graph-rules"])
+def test_a_later_failed_step_is_rerun_eagerly(graphs, monkeypatch):
+    """A compiled step that fails after the first (a CUDA graph's recording, say) warns, runs
+    that step again eagerly and every later one: the same tokens (the step rewrites its
+    slots)."""
+    model = _model()
+    calls = []
+
+    def flaky(model, **kwargs):
+        def step(*args, **kw):
+            calls.append(1)
+            if len(calls) == 3:  # writes the cache first, then fails, as a graph might
+                model(*args, **kw)
+                raise RuntimeError("CUDA graph recording failed")
+            return model(*args, **kw)
+        return step
+
+    monkeypatch.setattr(compiled_mod, "compiled_step", flaky)
+    monkeypatch.setattr(compiled_mod, "uses_cuda_graphs", lambda device: graphs)
+    want = greedy(model, PROMPTS, max_new_tokens=7, eos_id=None)
+    with pytest.warns(RuntimeWarning, match="could not run the decoding step.*recording failed"):
+        got = greedy(model, PROMPTS, max_new_tokens=7, eos_id=None, compile=True)
+    assert torch.equal(got, want), (got.tolist(), want.tolist())
+    assert len(calls) == 3, f"steps after the failure must run eagerly, got {len(calls)} calls"
+
+
+def test_cuda_graph_sessions_share_one_zeroed_cache(monkeypatch):
+    """With CUDA graphs (forced here; on the CPU ``reduce-overhead`` compiles without them),
+    sessions of one shape reuse one cache kept with the model, at the same addresses, zeroed
+    (the tokens of a second prompt set equal eager decoding), and a session still alive keeps
+    its cache to itself."""
+    model = _model()
+    monkeypatch.setattr(compiled_mod, "uses_cuda_graphs", lambda device: True)
+    torch._dynamo.reset()
+    with torch.inference_mode():  # as generate() runs (a cache is made in one mode or not)
+        a = StaticDecoderSession(model, PROMPTS, 8)
+        assert a.cuda_graphs and a.compiled
+        logits = a.first()
+        for _ in range(3):
+            logits = a.next(logits.argmax(-1))
+        pointer = a.cache[0].k.data_ptr()
+        b = StaticDecoderSession(model, OTHER, 8)  # a still alive: a cache of its own
+    assert b.cache[0].k.data_ptr() != pointer
+    del a, b
+    got = greedy(model, OTHER, max_new_tokens=9, eos_id=None, compile=True)
+    assert torch.equal(got, greedy(model, OTHER, max_new_tokens=9, eos_id=None))
+    kept = [cache for cache, _ in model.__dict__["_qkv_static_caches"].values()]
+    assert len(kept) <= compiled_mod.POOL
+    assert any(c[0].k.data_ptr() == pointer for c in kept), "the first cache was not reused"
+    with torch.inference_mode():
+        session = StaticDecoderSession(model, PROMPTS, 8)  # the kept cache again, as new
+    assert session.cache[0].k.data_ptr() in [c[0].k.data_ptr() for c in kept]
+    assert all(int(layer.k.count_nonzero()) == int(layer.v.count_nonzero()) == 0
+               for layer in session.cache), "a reused cache must be zeroed"
+    assert session.cache.slots.tolist() == [0] and session.cache[0].static is None
+
+
+def test_cuda_graphs_only_on_cuda(monkeypatch):
+    assert compiled_mod.uses_cuda_graphs(torch.device("cuda"))
+    assert not compiled_mod.uses_cuda_graphs(torch.device("cpu"))
+    monkeypatch.setattr(compiled_mod, "CUDA_GRAPHS", False)
+    assert not compiled_mod.uses_cuda_graphs(torch.device("cuda"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graph_decoding_equals_eager_on_the_gpu():
+    """On a GPU the compiled step replays a CUDA graph (no skip) and gives eager's tokens, for
+    a second prompt set too (the kept cache, re-zeroed)."""
+    model = _model().cuda()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    for prompts, n in ((PROMPTS, 12), (OTHER, 9)):
+        want = greedy(model, prompts, max_new_tokens=n, eos_id=None)
+        got = greedy(model, prompts, max_new_tokens=n, eos_id=None, compile=True)
+        assert torch.equal(got.cpu(), want.cpu()), (got.tolist(), want.tolist())
+    skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+    assert skips == 0, f"CUDA graphs were skipped {skips} times (see the cudagraphs log)"
 
 
 def test_outputs_are_ordinary_tensors():

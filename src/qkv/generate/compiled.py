@@ -8,9 +8,23 @@ position are tensors updated in place), so the model compiles once per batch siz
 length bucket (``BUCKET`` slots: another prompt length in the same bucket reuses it), and a
 step makes no host synchronisation and no allocation outside the graph.
 
+On a GPU a decoder-only model's step is also replayed from a CUDA graph (``torch.compile``'s
+``mode="reduce-overhead"``, as gpt-fast and transformers' static cache do): one token's step
+launches a kernel or more per layer, each costing the host microseconds that a small batch's
+kernels do not hide, and a replayed graph launches them all at once. The graph writes the new
+keys into the cache in place, so the cache's buffers must keep their addresses: the session
+takes a cache kept with the model for its batch size and capacity (zeroed for each session;
+:data:`POOL` shapes kept, the oldest dropped), marked as static for the compiler. Each step
+returns a copy of its logits, never the graph's own buffer, which the next replay overwrites.
+:data:`CUDA_GRAPHS` turns the graphs off (for comparison); encoder-decoders and speech
+compile without them (their cross-attention keys, made anew by each session, would be new
+graph inputs).
+
 Compilation needs a C++ compiler (inductor's CPU code); where it fails, the session warns once,
-says why, and decodes eagerly, with the same tokens. ``compile_seconds`` reports the time of
-the first compiled step (tracing plus code generation), apart from decoding.
+says why, and decodes eagerly, with the same tokens; a later compiled step that fails (a CUDA
+graph's recording, say) does the same, and is run again eagerly (it rewrites the same slots).
+``compile_seconds`` reports the time of the first compiled step (tracing plus code
+generation), apart from decoding.
 """
 
 from __future__ import annotations
@@ -18,6 +32,7 @@ from __future__ import annotations
 import inspect
 import time
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -33,17 +48,30 @@ from qkv.generate.session import (
     is_seq2seq,
     make_session,
 )
+from qkv.nn.static_cache import StaticKVCache
 
-__all__ = ["BUCKET", "SOURCE_BUCKET", "StaticDecoderSession", "StaticMemorySession",
-           "StaticSeq2SeqSession", "compiled_method", "compiled_step", "open_session"]
+__all__ = ["BUCKET", "CUDA_GRAPHS", "POOL", "SOURCE_BUCKET", "StaticDecoderSession",
+           "StaticMemorySession", "StaticSeq2SeqSession", "compiled_method", "compiled_step",
+           "open_session", "uses_cuda_graphs"]
 
 BUCKET = 256  # cache capacities are multiples of this: one compiled graph per bucket
 SOURCE_BUCKET = 64  # encoder-decoders: sources padded to a multiple of this
+CUDA_GRAPHS = True  # decoder-only steps on a GPU replayed from CUDA graphs (False: compiled only)
+POOL = 2  # static caches kept with a model for CUDA graphs (batch size, capacity)
 
-def compiled_step(model: nn.Module) -> Any:
+
+def uses_cuda_graphs(device: torch.device) -> bool:
+    """Whether a compiled decoder-only step on ``device`` replays a CUDA graph: on CUDA, while
+    :data:`CUDA_GRAPHS` is set."""
+    return CUDA_GRAPHS and device.type == "cuda"
+
+
+def compiled_step(model: nn.Module, *, cuda_graphs: bool = False) -> Any:
     """``torch.compile(model, fullgraph=True, dynamic=False)``, made once per model (held in a
-    plain attribute, not a submodule, so ``state_dict`` and ``repr`` do not change)."""
-    return _compiled_once(model, "_qkv_compiled_step", model)
+    plain attribute, not a submodule, so ``state_dict`` and ``repr`` do not change); with
+    ``cuda_graphs``, ``mode="reduce-overhead"`` (kept apart from the plain one)."""
+    key = "_qkv_compiled_step_graphs" if cuda_graphs else "_qkv_compiled_step"
+    return _compiled_once(model, key, model, "reduce-overhead" if cuda_graphs else None)
 
 
 def compiled_method(model: nn.Module, name: str) -> Any:
@@ -52,12 +80,40 @@ def compiled_method(model: nn.Module, name: str) -> Any:
     return _compiled_once(model, f"_qkv_compiled_{name}", getattr(model, name))
 
 
-def _compiled_once(model: nn.Module, key: str, fn: Any) -> Any:
+def _compiled_once(model: nn.Module, key: str, fn: Any, mode: str | None = None) -> Any:
     step = model.__dict__.get(key)
     if step is None:
-        step = torch.compile(fn, fullgraph=True, dynamic=False)
+        step = torch.compile(fn, fullgraph=True, dynamic=False, mode=mode)
         object.__setattr__(model, key, step)
     return step
+
+
+def _pooled_cache(model: nn.Module, owner: object, batch: int, capacity: int) -> StaticKVCache:
+    """A static cache of ``batch`` rows and ``capacity`` slots kept with ``model``, zeroed, its
+    buffers marked static for the compiler, and held by ``owner`` (a session) while it lives:
+    a CUDA graph recorded on it replays for every later session of the same shape. A cache
+    still held by a live session is not shared; the session gets one of its own."""
+    pool: dict = model.__dict__.setdefault("_qkv_static_caches", {})
+    key = (batch, capacity)
+    kept, held = pool.pop(key, (None, lambda: None))
+    if held() is not None:  # in use by a live session: it stays kept, this one is its own
+        pool[key] = (kept, held)
+        return _new_static(model, batch, capacity)
+    # (a cache made under inference mode cannot be written outside it, nor the other way)
+    usable = kept is not None and kept[0].k.is_inference() == torch.is_inference_mode_enabled()
+    cache = kept if usable else _new_static(model, batch, capacity)
+    if usable:
+        cache.reset()
+    pool[key] = (cache, weakref.ref(owner))  # the newest last
+    while len(pool) > POOL:
+        pool.pop(next(iter(pool)))
+    return cache
+
+
+def _new_static(model: nn.Module, batch: int, capacity: int) -> StaticKVCache:
+    cache = model.new_cache(batch, capacity, static=True)
+    cache.mark_static()
+    return cache
 
 
 def _bucketed(n: int, size: int = BUCKET) -> int:
@@ -73,27 +129,40 @@ class _CompiledSteps:
     compiled: bool
     compile_seconds: float | None
 
-    def _init_steps(self, compile: bool, eager: Any, make_compiled: Any) -> None:
+    def _init_steps(self, compile: bool, eager: Any, make_compiled: Any,
+                    cuda_graphs: bool = False) -> None:  # fmt: skip
         self.compiled, self.compile_seconds = bool(compile), None
+        self.cuda_graphs = bool(compile and cuda_graphs)
         self._eager = eager
         self.step_fn = make_compiled() if compile else eager
 
     def _step(self, *args: Any, **kwargs: Any) -> Tensor:
-        if not self.compiled or self.compile_seconds is not None:
+        """One step through the compiled function; where it fails, a warning and the step
+        again eagerly (a step writes its slots before reading them, so running it twice
+        changes nothing), and every later step eagerly. The logits are a copy: a CUDA graph's
+        output buffer is overwritten by its next replay."""
+        if not self.compiled:
             return self.step_fn(*args, **kwargs)
         start = time.perf_counter()
         try:
+            if self.cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are done
             out = self.step_fn(*args, **kwargs)
-        except Exception as err:  # inductor: no C++ compiler, or an unsupported platform
+            out = out.clone() if self.cuda_graphs else out
+        except Exception as err:  # inductor: no C++ compiler, an unsupported platform
+            first = self.compile_seconds is None
             warnings.warn(
-                f"torch.compile could not compile the decoding step ({type(err).__name__}: "
-                f"{str(err).splitlines()[0][:200] if str(err) else ''}); it needs a working "
-                "C++ compiler (g++ or clang). Decoding eagerly instead (same tokens).",
+                f"torch.compile could not {'compile' if first else 'run'} the decoding step "
+                f"({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''})"
+                f"{'; it needs a working C++ compiler (g++ or clang)' if first else ''}. "
+                "Decoding eagerly instead (same tokens).",
                 RuntimeWarning, stacklevel=4,
             )
-            self.compiled, self.step_fn = False, self._eager
+            self.compiled = self.cuda_graphs = False
+            self.step_fn = self._eager
             return self.step_fn(*args, **kwargs)
-        self.compile_seconds = time.perf_counter() - start
+        if self.compile_seconds is None:
+            self.compile_seconds = time.perf_counter() - start
         return out
 
     def select(self, rows: Tensor) -> None:
@@ -118,6 +187,8 @@ class StaticDecoderSession(_CompiledSteps, DecoderSession):
     Attributes:
         compile_seconds: seconds the first compiled step took (None until it ran, or eager).
         compiled: whether steps run compiled (False after a failed compile).
+        cuda_graphs: whether compiled steps replay a CUDA graph (on a GPU, see
+            :func:`uses_cuda_graphs`); the cache is then one kept with the model.
 
     Raises:
         ValueError: as :class:`DecoderSession`, and a model whose cache cannot be static.
@@ -130,7 +201,9 @@ class StaticDecoderSession(_CompiledSteps, DecoderSession):
         # Capacity rounded up to a multiple of BUCKET: prompts of other lengths reuse the
         # compiled step (unwritten slots are masked, so the extra room changes nothing).
         L = _bucketed(P + max_new_tokens)
-        self.cache = model.new_cache(self.batch, L, static=True)
+        graphs = compile and uses_cuda_graphs(self.ids.device)
+        self.cache = (_pooled_cache(model, self, self.batch, L) if graphs
+                      else model.new_cache(self.batch, L, static=True))  # fmt: skip
         self.capacity = L
         if self.mask is not None:
             full = torch.zeros((self.batch, L), dtype=torch.bool, device=self.ids.device)
@@ -139,7 +212,8 @@ class StaticDecoderSession(_CompiledSteps, DecoderSession):
             self.mask = full
         self.slot = torch.full((1,), P, dtype=torch.long, device=self.ids.device)  # (1,)
         self.written = P  # slots filled, known on the host (no read of ``slot``)
-        self._init_steps(compile, model, lambda: compiled_step(model))
+        self._init_steps(compile, model, lambda: compiled_step(model, cuda_graphs=graphs),
+                         graphs)
 
     @fitted
     def first(self) -> Tensor:
@@ -178,7 +252,8 @@ class StaticSeq2SeqSession(_CompiledSteps, Seq2SeqSession):
     layer's cross-attention keys and values in the cache; the compiled steps reuse them.
 
     Attributes:
-        compile_seconds, compiled: as :class:`StaticDecoderSession`.
+        compile_seconds, compiled: as :class:`StaticDecoderSession`; ``cuda_graphs`` is
+            always False (see the module docstring).
 
     Raises:
         ValueError: as :class:`Seq2SeqSession`, and a model whose cache cannot be static.
@@ -224,7 +299,8 @@ class StaticMemorySession(_CompiledSteps, MemorySession):
     part of the graph.
 
     Attributes:
-        compile_seconds, compiled: as :class:`StaticDecoderSession`.
+        compile_seconds, compiled: as :class:`StaticDecoderSession`; ``cuda_graphs`` is
+            always False (see the module docstring).
     """
 
     def __init__(self, model: nn.Module, inputs: EncodedInputs, max_new_tokens: int, *,

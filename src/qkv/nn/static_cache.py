@@ -125,6 +125,25 @@ class StaticKVCache:
         for layer in self.layers:
             layer.slots = slots
 
+    def reset(self) -> None:
+        """The cache as new, at the same addresses: every buffer zeroed, the slots back to
+        ``[0]``, cross-attention pairs dropped (a compiled step replayed from a CUDA graph
+        reads and writes these buffers in place, so a new session reuses them)."""
+        for layer in self.layers:
+            layer.k.zero_()
+            layer.v.zero_()
+            layer.static = None
+        self.set_slots(torch.zeros(1, dtype=torch.long, device=self._index.device))
+
+    def mark_static(self) -> None:
+        """Tell ``torch.compile`` that every layer's buffers keep their address from call to
+        call (``torch._dynamo.mark_static_address``, unguarded): a CUDA graph then writes the
+        new keys into them in place, where it would otherwise refuse a graph that mutates
+        its inputs. A new cache (other addresses) makes the graph re-record, not recompile."""
+        for layer in self.layers:
+            torch._dynamo.mark_static_address(layer.k, guard=False)
+            torch._dynamo.mark_static_address(layer.v, guard=False)
+
     def keep_mask(self, padding: Tensor | None = None) -> Tensor:
         """``(B|1, 1, T, L)`` bool: query ``t`` sees slot ``j <= slots[t]`` (and, with a
         ``(B, 1, 1, L)`` padding keep mask, only real tokens)."""
