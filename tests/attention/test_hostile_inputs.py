@@ -18,6 +18,7 @@ from hostile_cases import BACKENDS, mask_case, ref_attention, run
 import qkv
 from helpers import assert_close
 from qkv import reference
+from qkv.attention import rows
 from qkv.attention.weights import attention_weights
 from qkv.nn.alibi import ALiBi, alibi_bias
 
@@ -219,9 +220,32 @@ def test_nonfinite_input_with_grouped_heads(backend, what, kind):
     check_rows(f"{backend} {what} {kind} GQA output", out, plan, ref, ref)
 
 
+@pytest.fixture(params=["cpu-rule", "cuda-rule"])
+def nan_row_rule(request, monkeypatch):
+    """The NaN-row rule as the CPU computes it, and as CUDA does (one reduction kernel,
+    ``torch.linalg.vector_norm(ord=inf)``), forced here on CPU tensors."""
+    if request.param == "cuda-rule":
+        one = rows.row_abs_max
+        monkeypatch.setattr(rows, "row_abs_max", lambda q, one_kernel: one(q, True))
+    return request.param
+
+
+@pytest.mark.parametrize("one_kernel", [False, True], ids=["cpu-rule", "cuda-rule"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_row_abs_max_propagates_nan_by_either_rule(dtype, one_kernel):
+    big = torch.finfo(dtype).max
+    q = torch.tensor([[math.nan, 1.0, 2.0], [math.inf, -1.0, 0.0], [-math.inf, 0.0, 0.0],
+                      [1.0, -3.0, 2.0], [-0.0, 0.0, -0.0], [big, -big, 1.0],
+                      [1.0, math.nan, math.inf]], dtype=dtype)  # fmt: skip
+    got = rows.row_abs_max(q[None, None], one_kernel)  # (1, 1, 7, 1)
+    want = np.max(np.abs(q.double().numpy()), axis=-1, keepdims=True)  # NaN propagates
+    assert got.shape == (1, 1, 7, 1) and got.dtype == dtype
+    np.testing.assert_array_equal(got[0, 0].double().numpy(), want, err_msg=f"{dtype}")
+
+
 @pytest.mark.parametrize("kind", ["bottom-right", "bool", "float"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_nonfinite_query_in_a_row_that_sees_no_key_is_nan(backend, kind):
+def test_nonfinite_query_in_a_row_that_sees_no_key_is_nan(backend, kind, nan_row_rule):
     """A dead row (zero output for finite inputs) still reports its NaN query."""
     (q, k, v), _ = nonfinite_inputs(2, 2, "q", 0.0)
     dead_row = 0 if kind == "bottom-right" else 5
@@ -235,7 +259,7 @@ def test_nonfinite_query_in_a_row_that_sees_no_key_is_nan(backend, kind):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_infinite_query_whose_scores_are_all_minus_inf_is_nan(backend):
+def test_infinite_query_whose_scores_are_all_minus_inf_is_nan(backend, nan_row_rule):
     """``q = +inf`` along a dimension where every key is negative: every score is -inf, the
     softmax alone would call the row dead and give zeros."""
     (q, k, v), _ = nonfinite_inputs(2, 2, "q", 0.0)

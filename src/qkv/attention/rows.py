@@ -25,6 +25,7 @@ __all__ = [
     "exp_floored_",
     "exp_shifted_",
     "poison_rows",
+    "row_abs_max",
     "safe_lse",
     "safe_row_max",
     "safe_total",
@@ -98,10 +99,22 @@ def poison_rows(t: Tensor, query: Tensor) -> Tensor:
     """
     if _all_finite_on_cpu(query):
         return t  # the usual case, found with one summing pass over q
-    # max |q_d| (NaN propagates through amax); abs().amax() is ~20x faster than
-    # linalg.vector_norm(ord=inf) on a (B, H, T, D) view on the CPU.
-    worst = query.detach().abs().amax(dim=-1, keepdim=True)  # (B, H, T, 1)
+    worst = row_abs_max(query.detach(), one_kernel=query.device.type == "cuda")  # (B, H, T, 1)
     return torch.add(t, worst.to(t.dtype), alpha=0)  # 0·(NaN or inf) is NaN, 0·x is 0
+
+
+def row_abs_max(q: Tensor, one_kernel: bool) -> Tensor:
+    """``max_d |q_d|`` of each row of ``q (..., D)``: ``(..., 1)``, NaN where the row holds NaN.
+
+    ``one_kernel``: ``torch.linalg.vector_norm(ord=inf)``, one reduction kernel on CUDA (ATen's
+    absolute-maximum reduction, which propagates NaN), where ``abs().amax()`` launches two: a
+    kernel fewer in every call on a GPU. Otherwise ``abs().amax()``, which on the CPU is ~10x
+    faster than ``vector_norm`` (AMD EPYC, one thread, poisoning included: 6.7 µs against 56
+    on ``(4, 32, 1, 128)``, 0.15 ms against 2.05 on ``(1, 8, 1024, 64)``).
+    """
+    if one_kernel:
+        return torch.linalg.vector_norm(q, ord=math.inf, dim=-1, keepdim=True)
+    return q.abs().amax(dim=-1, keepdim=True)
 
 
 # Below this many query entries (a decoding step's few rows) the poisoning's three small ops
