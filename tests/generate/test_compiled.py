@@ -152,11 +152,12 @@ def test_cuda_graphs_only_on_cuda(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_cuda_graph_decoding_equals_eager_on_the_gpu():
     """On a GPU the compiled step replays a CUDA graph (no skip) and gives eager's tokens, for
-    a second prompt set too (the kept cache, re-zeroed)."""
-    model = _model().cuda()
+    a second prompt set too (the kept cache, re-zeroed), decoder-only and encoder-decoder."""
+    decoder, seq2seq = _model().cuda(), _seq2seq().cuda()
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    for prompts, n in ((PROMPTS, 12), (OTHER, 9)):
+    for model, prompts, n in ((decoder, PROMPTS, 12), (decoder, OTHER, 9),
+                              (seq2seq, SOURCES, 10), (seq2seq, OTHER_SOURCES, 10)):
         want = greedy(model, prompts, max_new_tokens=n, eos_id=None)
         got = greedy(model, prompts, max_new_tokens=n, eos_id=None, compile=True)
         assert torch.equal(got.cpu(), want.cpu()), (got.tolist(), want.tolist())
@@ -289,6 +290,42 @@ def test_static_memory_session_equals_dynamic_and_compiled_greedy_equals_eager()
     want = greedy(model, inputs, max_new_tokens=8, eos_id=None)
     got = greedy(model, inputs, max_new_tokens=8, eos_id=None, compile=True)
     assert torch.equal(got, want), (got.tolist(), want.tolist())
+
+
+def _speech():
+    from qkv.models.speech import SpeechSeq2Seq, SpeechSeq2SeqConfig
+
+    torch.manual_seed(0)
+    return SpeechSeq2Seq(SpeechSeq2SeqConfig(
+        vocab_size=50, n_mels=8, d_model=32, num_heads=4, num_encoder_layers=1,
+        num_decoder_layers=2, d_ff=64, max_source_len=16, max_len=40, pad_id=49, bos_id=47,
+        eos_id=49)).eval()  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["seq2seq", "speech"])
+def test_encoder_decoders_under_the_cuda_graph_rules(kind, monkeypatch):
+    """Encoder-decoders and speech with CUDA graphs' rules (forced; the CPU compiles without
+    graphs): two sessions of one shape share the kept cache, the second's cross-attention
+    keys are its own (the tokens of other sources equal eager decoding)."""
+    from qkv.generate.session import EncodedInputs
+
+    monkeypatch.setattr(compiled_mod, "uses_cuda_graphs", lambda device: True)
+    torch._dynamo.reset()
+    if kind == "seq2seq":
+        model, runs = _seq2seq(), [(SOURCES, 10), (OTHER_SOURCES, 10)]
+    else:
+        model = _speech()
+        g = torch.Generator().manual_seed(1)
+        runs = [(EncodedInputs(model.encode(torch.randn(2, 8, 30, generator=g)),
+                               [[47, 3, 4], [47, 5, 6]], suppress=[48]), 8) for _ in range(2)]
+    pointers = []
+    for inputs, n in runs:
+        want = greedy(model, inputs, max_new_tokens=n, eos_id=None)
+        got = greedy(model, inputs, max_new_tokens=n, eos_id=None, compile=True)
+        assert torch.equal(got, want), (kind, got.tolist(), want.tolist())
+        (cache, _), = model.__dict__["_qkv_static_caches"].values()
+        pointers.append(cache[0].k.data_ptr())
+    assert pointers[0] == pointers[1], "the second session did not reuse the kept cache"
 
 
 def test_a_static_cache_of_another_batch_size_is_named():

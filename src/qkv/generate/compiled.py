@@ -8,17 +8,17 @@ position are tensors updated in place), so the model compiles once per batch siz
 length bucket (``BUCKET`` slots: another prompt length in the same bucket reuses it), and a
 step makes no host synchronisation and no allocation outside the graph.
 
-On a GPU a decoder-only model's step is also replayed from a CUDA graph (``torch.compile``'s
+On a GPU the compiled step is also replayed from a CUDA graph (``torch.compile``'s
 ``mode="reduce-overhead"``, as gpt-fast and transformers' static cache do): one token's step
 launches a kernel or more per layer, each costing the host microseconds that a small batch's
 kernels do not hide, and a replayed graph launches them all at once. The graph writes the new
 keys into the cache in place, so the cache's buffers must keep their addresses: the session
 takes a cache kept with the model for its batch size and capacity (zeroed for each session;
-:data:`POOL` shapes kept, the oldest dropped), marked as static for the compiler. Each step
-returns a copy of its logits, never the graph's own buffer, which the next replay overwrites.
-:data:`CUDA_GRAPHS` turns the graphs off (for comparison); encoder-decoders and speech
-compile without them (their cross-attention keys, made anew by each session, would be new
-graph inputs).
+:data:`POOL` shapes kept, the oldest dropped), marked as static for the compiler. Inputs that
+change from session to session (the encoder's memory, the cross-attention keys and values
+its first step projects, the slot) are copied into the graph's own buffers at each replay.
+Each step returns a copy of its logits, never the graph's own buffer, which the next replay
+overwrites. :data:`CUDA_GRAPHS` turns the graphs off (for comparison).
 
 Compilation needs a C++ compiler (inductor's CPU code); where it fails, the session warns once,
 says why, and decodes eagerly, with the same tokens; a later compiled step that fails (a CUDA
@@ -33,6 +33,7 @@ import inspect
 import time
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -56,12 +57,12 @@ __all__ = ["BUCKET", "CUDA_GRAPHS", "POOL", "SOURCE_BUCKET", "StaticDecoderSessi
 
 BUCKET = 256  # cache capacities are multiples of this: one compiled graph per bucket
 SOURCE_BUCKET = 64  # encoder-decoders: sources padded to a multiple of this
-CUDA_GRAPHS = True  # decoder-only steps on a GPU replayed from CUDA graphs (False: compiled only)
-POOL = 2  # static caches kept with a model for CUDA graphs (batch size, capacity)
+CUDA_GRAPHS = True  # compiled steps on a GPU replayed from CUDA graphs (False: compiled only)
+POOL = 2  # static caches kept with a model for CUDA graphs (their shapes)
 
 
 def uses_cuda_graphs(device: torch.device) -> bool:
-    """Whether a compiled decoder-only step on ``device`` replays a CUDA graph: on CUDA, while
+    """Whether a compiled step on ``device`` replays a CUDA graph: on CUDA, while
     :data:`CUDA_GRAPHS` is set."""
     return CUDA_GRAPHS and device.type == "cuda"
 
@@ -74,10 +75,13 @@ def compiled_step(model: nn.Module, *, cuda_graphs: bool = False) -> Any:
     return _compiled_once(model, key, model, "reduce-overhead" if cuda_graphs else None)
 
 
-def compiled_method(model: nn.Module, name: str) -> Any:
+def compiled_method(model: nn.Module, name: str, *, cuda_graphs: bool = False) -> Any:
     """``torch.compile(getattr(model, name), fullgraph=True, dynamic=False)``, made once per
-    model and method (kept out of the module's attributes, as :func:`compiled_step`)."""
-    return _compiled_once(model, f"_qkv_compiled_{name}", getattr(model, name))
+    model and method (kept out of the module's attributes, as :func:`compiled_step`); with
+    ``cuda_graphs``, ``mode="reduce-overhead"``."""
+    key = f"_qkv_compiled_{name}{'_graphs' if cuda_graphs else ''}"
+    return _compiled_once(model, key, getattr(model, name),
+                          "reduce-overhead" if cuda_graphs else None)  # fmt: skip
 
 
 def _compiled_once(model: nn.Module, key: str, fn: Any, mode: str | None = None) -> Any:
@@ -88,30 +92,32 @@ def _compiled_once(model: nn.Module, key: str, fn: Any, mode: str | None = None)
     return step
 
 
-def _pooled_cache(model: nn.Module, owner: object, batch: int, capacity: int) -> StaticKVCache:
-    """A static cache of ``batch`` rows and ``capacity`` slots kept with ``model``, zeroed, its
-    buffers marked static for the compiler, and held by ``owner`` (a session) while it lives:
-    a CUDA graph recorded on it replays for every later session of the same shape. A cache
-    still held by a live session is not shared; the session gets one of its own."""
+def _session_cache(model: nn.Module, owner: object, graphs: bool, shape: tuple,
+                   make: Callable[[], StaticKVCache]) -> StaticKVCache:  # fmt: skip
+    """A static cache for ``owner`` (a session): ``make()``, or with CUDA graphs one kept with
+    ``model`` for ``shape`` (batch size, capacity), zeroed, its buffers marked static for the
+    compiler, and held by ``owner`` while it lives: a graph recorded on it replays for every
+    later session of the same shape. A cache still held by a live session is not shared; the
+    session gets one of its own."""
+    if not graphs:
+        return make()
     pool: dict = model.__dict__.setdefault("_qkv_static_caches", {})
-    key = (batch, capacity)
-    kept, held = pool.pop(key, (None, lambda: None))
+    kept, held = pool.pop(shape, (None, lambda: None))
     if held() is not None:  # in use by a live session: it stays kept, this one is its own
-        pool[key] = (kept, held)
-        return _new_static(model, batch, capacity)
+        pool[shape] = (kept, held)
+        return _marked(make())
     # (a cache made under inference mode cannot be written outside it, nor the other way)
     usable = kept is not None and kept[0].k.is_inference() == torch.is_inference_mode_enabled()
-    cache = kept if usable else _new_static(model, batch, capacity)
+    cache = kept if usable else _marked(make())
     if usable:
         cache.reset()
-    pool[key] = (cache, weakref.ref(owner))  # the newest last
+    pool[shape] = (cache, weakref.ref(owner))  # the newest last
     while len(pool) > POOL:
         pool.pop(next(iter(pool)))
     return cache
 
 
-def _new_static(model: nn.Module, batch: int, capacity: int) -> StaticKVCache:
-    cache = model.new_cache(batch, capacity, static=True)
+def _marked(cache: StaticKVCache) -> StaticKVCache:
     cache.mark_static()
     return cache
 
@@ -202,8 +208,8 @@ class StaticDecoderSession(_CompiledSteps, DecoderSession):
         # compiled step (unwritten slots are masked, so the extra room changes nothing).
         L = _bucketed(P + max_new_tokens)
         graphs = compile and uses_cuda_graphs(self.ids.device)
-        self.cache = (_pooled_cache(model, self, self.batch, L) if graphs
-                      else model.new_cache(self.batch, L, static=True))  # fmt: skip
+        self.cache = _session_cache(model, self, graphs, (self.batch, L),
+                                    lambda: model.new_cache(self.batch, L, static=True))
         self.capacity = L
         if self.mask is not None:
             full = torch.zeros((self.batch, L), dtype=torch.bool, device=self.ids.device)
@@ -252,8 +258,7 @@ class StaticSeq2SeqSession(_CompiledSteps, Seq2SeqSession):
     layer's cross-attention keys and values in the cache; the compiled steps reuse them.
 
     Attributes:
-        compile_seconds, compiled: as :class:`StaticDecoderSession`; ``cuda_graphs`` is
-            always False (see the module docstring).
+        compile_seconds, compiled, cuda_graphs: as :class:`StaticDecoderSession`.
 
     Raises:
         ValueError: as :class:`Seq2SeqSession`, and a model whose cache cannot be static.
@@ -271,10 +276,14 @@ class StaticSeq2SeqSession(_CompiledSteps, Seq2SeqSession):
                                  device=self.src_mask.device)  # fmt: skip
             self.src_mask = torch.cat([self.src_mask, hidden], dim=-1)  # (B, 1, 1, S_pad)
         self.capacity, self.written = _bucketed(max_new_tokens + 1), 0
-        self.cache = model.new_cache(self.capacity, static=True, batch_size=self.batch)
+        graphs = compile and uses_cuda_graphs(self.memory.device)
+        self.cache = _session_cache(
+            model, self, graphs, ("seq2seq", self.batch, self.capacity),
+            lambda: model.new_cache(self.capacity, static=True, batch_size=self.batch))
         self.slot = torch.zeros(1, dtype=torch.long, device=self.memory.device)  # (1,)
         self.cache.set_slots(self.slot)
-        self._init_steps(compile, model.decode, lambda: compiled_method(model, "decode"))
+        self._init_steps(compile, model.decode,
+                         lambda: compiled_method(model, "decode", cuda_graphs=graphs), graphs)
 
     @fitted
     def next(self, tokens: Tensor) -> Tensor:
@@ -299,8 +308,7 @@ class StaticMemorySession(_CompiledSteps, MemorySession):
     part of the graph.
 
     Attributes:
-        compile_seconds, compiled: as :class:`StaticDecoderSession`; ``cuda_graphs`` is
-            always False (see the module docstring).
+        compile_seconds, compiled, cuda_graphs: as :class:`StaticDecoderSession`.
     """
 
     def __init__(self, model: nn.Module, inputs: EncodedInputs, max_new_tokens: int, *,
@@ -308,9 +316,13 @@ class StaticMemorySession(_CompiledSteps, MemorySession):
         super().__init__(model, inputs, max_new_tokens)
         P = self.prompts.shape[1]
         self.capacity, self.written = _bucketed(P + max_new_tokens), 0
-        self.cache = model.new_cache(self.capacity, static=True, batch_size=self.batch)
+        graphs = compile and uses_cuda_graphs(self.prompts.device)
+        self.cache = _session_cache(
+            model, self, graphs, ("memory", self.batch, self.capacity),
+            lambda: model.new_cache(self.capacity, static=True, batch_size=self.batch))
         self.slot = torch.full((1,), P, dtype=torch.long, device=self.prompts.device)  # (1,)
-        self._init_steps(compile, model.decode, lambda: compiled_method(model, "decode"))
+        self._init_steps(compile, model.decode,
+                         lambda: compiled_method(model, "decode", cuda_graphs=graphs), graphs)
 
     def _logits(self, tokens: Tensor) -> Tensor:
         T = tokens.shape[1]
