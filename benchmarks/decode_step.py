@@ -122,8 +122,10 @@ def _measure(args, checkouts: dict[str, str]) -> list[dict]:
         results: dict[tuple, list[float]] = {(n, p, m): [] for n, _, p, m in runs}
         for _ in range(args.repeats):
             for name, src, policy, mode in runs:  # alternate, so drift hits all alike
-                results[name, policy, mode].append(run(
-                    src, which, args.threads, args.steps, policy, args.device, mode, args.dtype))
+                ms = run(src, which, args.threads, args.steps, policy, args.device, mode,
+                         args.dtype)
+                results[name, policy, mode].append(ms)
+                print(f"  ({which} {name} {policy} {mode}: {ms:.3f} ms/token)", flush=True)
         for (name, policy, mode), ms in results.items():
             print(f"  {which:12s} {name:9s} {policy:9s} {mode:8s} ms/token median "
                   f"{statistics.median(ms):7.2f}  min {min(ms):7.2f}  "

@@ -66,6 +66,6 @@ fi
 echo "== 7. ms a token: eager, compiled, CUDA graphs (benchmarks/decode_step.py, GPT-2 124M sizes)"
 if [ "${DECODE_SECONDS:-90}" != 0 ]; then
   timeout -s INT "${DECODE_SECONDS:-90}" $PY benchmarks/decode_step.py --device cuda \
-    --models gpt2-124m --modes eager,compiled,graphs --repeats 1 --steps 64 \
+    --models gpt2-124m --modes eager,graphs,compiled --repeats 1 --steps 64 \
     --out "$OUT/decode-gpu-$gpu.json" 2>&1 | grep -v -i warn
 fi
