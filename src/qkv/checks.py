@@ -94,6 +94,9 @@ def remember_checked(t: torch.Tensor, what: object, *, unversioned: bool = False
     generation loops, running in inference mode, pass for tensors they have just made."""
     if _version(t) is None and not unversioned:
         return t
+    # (popped first, so an id a new tensor reuses moves to the newest end: the oldest entry
+    # is the one evicted, never the tensor just checked)
+    _CHECKED.pop(id(t), None)
     if len(_CHECKED) >= _CHECKED_MAX:
         _CHECKED.pop(next(iter(_CHECKED)))
     _CHECKED[id(t)] = (weakref.ref(t), _version(t), what)

@@ -123,3 +123,19 @@ def test_a_token_changed_in_place_is_read_again():
     ids[0, 1] = 1000  # out of the vocabulary, after the check
     with pytest.raises(ValueError, match=r"input_ids must lie in \[0, vocab_size=100\)"):
         model(ids)
+
+
+def test_a_tensor_checked_again_is_the_newest_in_the_memo(monkeypatch):
+    """The memo keeps the last checks; a tensor checked again (or a new tensor at a reused
+    id) moves to the newest end, so a later eviction drops the oldest check, not it (the
+    generation loop's reads per step depended on which ids the allocator reused)."""
+    from qkv import checks
+
+    monkeypatch.setattr(checks, "_CHECKED", {})
+    first = checks.remember_checked(torch.tensor([1]), "x")
+    others = [checks.remember_checked(torch.tensor([i]), "x")
+              for i in range(checks._CHECKED_MAX - 2)]  # fmt: skip
+    checks.remember_checked(first, "x")  # checked again (the memo is not full yet)
+    others += [checks.remember_checked(torch.tensor([i]), "x") for i in range(2)]  # one evicted
+    assert checks.checked_before(first, "x"), "the tensor checked last was evicted"
+    assert not checks.checked_before(others[0], "x"), "the oldest check was kept"
