@@ -13,7 +13,9 @@ docs/gpu.md). Two parts of it run the same on any CPU, and this script times the
    one Python call into torch).
 2. **Triton's own JIT work per launch** (binding and specialising the arguments, the cache
    lookup, the launch metadata), each kernel compiled once for a stand-in sm_90 driver
-   (:mod:`qkv.bench.triton_static`) and its launcher replaced by a no-op.
+   (:mod:`qkv.bench.triton_static`) and its launcher replaced by a no-op, beside qkv's kept
+   launch of the same compiled kernel (:mod:`qkv.attention.triton_fast`, what qkv's launches
+   take from the second on).
 
 What neither includes: the C launcher and the CUDA driver (a few microseconds a launch) and
 CUDA's allocator. Shapes: one decoding step of the GPU benchmark, B=4, H=32 over Hkv=8,
@@ -80,7 +82,7 @@ def _triton_jit(n: int) -> None:
     from triton.compiler.compiler import CompiledKernel
     from triton.runtime import driver
 
-    from qkv.attention import triton_kernels, triton_launch
+    from qkv.attention import triton_fast, triton_launch
     from qkv.attention.backends.triton_kernel import _Spec
     from qkv.bench.triton_static import _StandInDriver
 
@@ -92,20 +94,15 @@ def _triton_jit(n: int) -> None:
         kernel.warmup(*args, grid=grid, **options)  # compiled once, here
         launches.append((kernel, grid, args, options))
 
-    class _Record:
-        def __getitem__(self, grid):
-            return lambda *args, **options: record(merge, grid, args, options)
-
-    merge, launch, sms = (triton_kernels.merge_splits, triton_launch._launch,
-                          triton_launch._gpu_multiprocessors)
-    triton_launch._launch, triton_kernels.merge_splits = record, _Record()
+    launch, sms = triton_launch._launch, triton_launch._gpu_multiprocessors
+    triton_launch._launch = record
     triton_launch._gpu_multiprocessors = lambda device: 132
     try:
         q = torch.empty(B, H, 1, D, dtype=torch.bfloat16)
         k, v = (torch.empty(B, HKV, S, D, dtype=torch.bfloat16) for _ in range(2))
         triton_launch.forward(q, k, v, None, None, None, _Spec(D ** -0.5, None, None, 0, 0.0))
     finally:
-        triton_launch._launch, triton_kernels.merge_splits = launch, merge
+        triton_launch._launch = launch
         triton_launch._gpu_multiprocessors = sms
     # Every compiled kernel's launch (and its launch metadata) a no-op from here.
     CompiledKernel.run = property(lambda self: (lambda *args: None))
@@ -113,8 +110,10 @@ def _triton_jit(n: int) -> None:
     try:
         for kernel, grid, args, options in launches:
             us = _per_call_us(lambda k=kernel, g=grid, a=args, o=options: k[g](*a, **o), n)
+            fast = _per_call_us(lambda k=kernel, g=grid, a=args, o=options:
+                                triton_fast.launch(k, g, a, o), n)
             print(f"  Triton JIT, {kernel.__name__} ({len(args)} arguments){'':12} "
-                  f"{us:8.1f} us a launch")
+                  f"{us:8.1f} us a launch; qkv's kept launch (triton_fast) {fast:5.1f}")
     finally:
         driver._active = saved
 

@@ -357,6 +357,20 @@ def test_dense_and_decoding_launches_compile_well_for_a_gpu_without_one():
     assert out.count("row_deltas grid") == 3, out  # each backward's δ, one kernel
 
 
+@pytest.mark.skipif(bool(os.environ.get("ATEN_CPU_CAPABILITY")),
+                    reason="compiling does not depend on the CPU's kernels: the first pass did it")
+def test_kept_launches_are_the_launches_triton_makes():
+    """qkv.attention.triton_fast hands a kept compiled kernel its arguments without Triton's
+    binding: for aligned and unaligned pointers and integers equal to 1, divisible by 16 and
+    past 32 bits it must pick the kernel Triton picks and pass what Triton passes, and its
+    specialisation key must split values as Triton's does (compiled for a stand-in sm_90)."""
+    out = run_compile_check("--fast")
+    assert out.count("ok fast") == 8 and "offset pointer" in out, out
+    hashes = dict(line.split(": ")[0:2] for line in out.splitlines() if ": " in line)
+    assert hashes["ok fast aligned"] != hashes["ok fast offset pointer"], out
+    assert hashes["ok fast aligned"] == hashes["ok fast rows=16"], out
+
+
 @pytest.mark.skipif(DEVICE.type != "cpu" or bool(os.environ.get("ATEN_CPU_CAPABILITY")),
                     reason="a dry run for machines without a GPU (gpu-check runs the sweeps "
                            "themselves), independent of the CPU's kernels")

@@ -210,10 +210,78 @@ def _flex() -> list[str]:
     return labels
 
 
+def _fast() -> list[str]:
+    """qkv's kept launches (:mod:`qkv.attention.triton_fast`) against Triton's own: for the
+    merge kernel with aligned and unaligned pointers and integers equal to 1, divisible by 16
+    and past 32 bits, the launch a kept kernel makes must be the one Triton's binding makes
+    (the same compiled kernel, the same arguments to its launcher); and the specialisation
+    key must split values as Triton's does (stand-in sm_90 driver: nothing runs)."""
+    import torch
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime import driver
+
+    from qkv.attention import triton_fast
+    from qkv.bench.triton_static import _StandInDriver
+
+    saved = {name: CompiledKernel.__dict__[name] for name in ("run", "launch_metadata")}
+    active = driver._active
+    driver.set_active(_StandInDriver(90))
+    calls = []  # (a compiled kernel whose launcher records, with no GPU to load it on)
+    CompiledKernel.run = property(lambda self: (lambda *a: calls.append((self, a))))
+    CompiledKernel.launch_metadata = lambda self, *args: None
+    labels = []
+    try:
+        o = torch.empty(3 * 64 * 64 + 8)
+        options = dict(BLOCK_R=4, BLOCK_DV=64, BLOCK_S=16, num_warps=4, num_stages=3)
+        cases = [("aligned", 0, 2, 64, 64), ("offset pointer", 1, 2, 64, 64),
+                 ("n=1", 0, 1, 64, 64), ("rows=17", 0, 2, 17, 64), ("dv=1", 0, 2, 64, 1),
+                 ("rows past 32 bits", 0, 2, 2**31 + 16, 64), ("rows=16", 0, 2, 16, 16)]
+        for label, shift, n, rows, dv in cases:
+            part = o[shift:]
+            args = (part, part, part, part, n, rows, dv)
+            K.merge_splits[(1,)](*args, **options)  # Triton's own binding and lookup
+            want = calls[-1]
+            triton_fast.launch(K.merge_splits, (1,), args, options)  # kept (or found)
+            triton_fast.launch(K.merge_splits, (1,), args, options)  # the kept launch
+            got = calls[-1]
+            same = got[0] is want[0] and got[1][:6] == want[1][:6] and got[1][9:] == want[1][9:]
+            if not same:
+                raise AssertionError(f"{label}: the kept launch (kernel {got[0].hash[:10]}) "
+                                     f"is not Triton's (kernel {want[0].hash[:10]})")
+            labels.append(f"fast {label}: {want[0].hash[:10]}")
+    finally:
+        for name, value in saved.items():
+            setattr(CompiledKernel, name, value)
+        driver._active = active
+    return labels + _fast_keys()
+
+
+def _fast_keys() -> list[str]:
+    """The specialisation key splits values exactly as Triton's own specialisation does."""
+    import torch
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    from qkv.attention import triton_fast
+
+    base = torch.empty(64, dtype=torch.bfloat16)
+    values = [0, 1, 2, 15, 16, 17, 32, -1, -16, 2**31 - 16, 2**31, 2**31 + 16, -(2**31),
+              -(2**31) - 16, 2**40, 2**63, 2**63 + 16, 0.5, 1.0, True, False, None, base,
+              base[1:], base[8:], base.float(), base.float()[1:], base.half()]
+    theirs = [native_specialize_impl(CUDABackend, v, False, True, True) for v in values]
+    ours = [triton_fast.specialisation((v,)) for v in values]
+    for i, j in itertools.combinations(range(len(values)), 2):
+        if (ours[i] == ours[j]) != (theirs[i] == theirs[j]):
+            raise AssertionError(f"{values[i]!r:.40} and {values[j]!r:.40}: Triton "
+                                 f"{theirs[i]} / {theirs[j]}, qkv {ours[i]} / {ours[j]}")
+    return [f"fast keys of {len(values)} values split as Triton's"]
+
+
 def main() -> int:
-    if "--flex" in sys.argv or "--launched" in sys.argv:
+    if "--flex" in sys.argv or "--launched" in sys.argv or "--fast" in sys.argv:
+        checks = {"--flex": _flex, "--launched": _launched, "--fast": _fast}
         try:
-            for label in _flex() if "--flex" in sys.argv else _launched():
+            for label in checks[sys.argv[1]]():
                 print(f"ok {label}")
         except Exception as e:
             print(f"FAILED {sys.argv[1]}: {type(e).__name__}: {e}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from qkv.attention import triton_backward, triton_flex, triton_kernels, triton_paged
+from qkv.attention import triton_backward, triton_fast, triton_flex, triton_kernels, triton_paged
 from qkv.attention.triton_env import interpreting
 
 __all__ = ["Tiles", "backward", "flex_backward", "flex_forward", "flex_tiles", "forward",
@@ -102,7 +102,7 @@ def _launch(kernel, grid: tuple[int, ...], args: tuple, options: dict) -> None:
         options = options | {"num_stages": _FEWER_STAGES.get(key, options["num_stages"])}
     while True:
         try:
-            kernel[grid](*args, **options)
+            triton_fast.launch(kernel, grid, args, options)
             return
         except OutOfResources:
             if options["num_stages"] <= 1:
@@ -229,10 +229,9 @@ def _merged(o_buf: Tensor, l_buf: Tensor, dtype: torch.dtype) -> tuple[Tensor, T
     # 4 rows a program, 16 splits a load (a decoding step's few rows over more programs,
     # its splits read at once: a (16, 4, 128) float32 tile is 64 registers a thread).
     block = 4
-    triton_kernels.merge_splits[(-(-rows // block),)](
-        o_buf, l_buf, out, lse, n, rows, Dv, BLOCK_R=block, BLOCK_DV=_pow2(Dv), BLOCK_S=16,
-        num_warps=4,
-    )
+    _launch(triton_kernels.merge_splits, (-(-rows // block),),
+            (o_buf, l_buf, out, lse, n, rows, Dv),
+            dict(BLOCK_R=block, BLOCK_DV=_pow2(Dv), BLOCK_S=16, num_warps=4, num_stages=3))
     return out, lse
 
 

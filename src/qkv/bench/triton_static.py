@@ -125,32 +125,16 @@ def _stand_in(arch: int, multiprocessors: int) -> Iterator[list[Compiled]]:
                    _compile(kernel, grid, args, options)),
                "_gpu_multiprocessors": lambda device: multiprocessors}
     originals = {name: getattr(triton_launch, name) for name in patched}
-    merge = triton_launch.triton_kernels.merge_splits
     try:
         for name, value in patched.items():
             setattr(triton_launch, name, value)
-        triton_launch.triton_kernels.merge_splits = _Recorder(merge, records)
         yield records
     finally:
         for name, value in originals.items():
             setattr(triton_launch, name, value)
-        triton_launch.triton_kernels.merge_splits = merge
         driver._active = active
         if saved is not None:
             os.environ["TRITON_INTERPRET"] = saved
-
-
-class _Recorder:
-    """A kernel called as ``kernel[grid](*args, **options)`` that is compiled and recorded."""
-
-    def __init__(self, kernel, records: list[Compiled]):
-        self.kernel, self.records = kernel, records
-
-    def __getitem__(self, grid):
-        def launch(*args, **options):
-            options.setdefault("num_stages", 1)
-            self.records.append(_compile(self.kernel, grid, args, options))
-        return launch
 
 
 def compiled_launches(call, arch: int = 90, multiprocessors: int = 132) -> list[Compiled]:
