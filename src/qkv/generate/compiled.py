@@ -53,7 +53,7 @@ from qkv.nn.static_cache import StaticKVCache
 
 __all__ = ["BUCKET", "CUDA_GRAPHS", "POOL", "SOURCE_BUCKET", "StaticDecoderSession",
            "StaticMemorySession", "StaticSeq2SeqSession", "compiled_method", "compiled_step",
-           "open_session", "uses_cuda_graphs"]
+           "open_session", "release_caches", "uses_cuda_graphs"]
 
 BUCKET = 256  # cache capacities are multiples of this: one compiled graph per bucket
 SOURCE_BUCKET = 64  # encoder-decoders: sources padded to a multiple of this
@@ -115,6 +115,13 @@ def _session_cache(model: nn.Module, owner: object, graphs: bool, shape: tuple,
     while len(pool) > POOL:
         pool.pop(next(iter(pool)))
     return cache
+
+
+def release_caches(model: nn.Module) -> int:
+    """Drop the static caches kept with ``model`` for CUDA graphs (their memory returns once
+    no live session holds them; the next compiled session makes a new one, and its graph
+    records again). Returns how many were kept."""
+    return len(model.__dict__.pop("_qkv_static_caches", {}))
 
 
 def _marked(cache: StaticKVCache) -> StaticKVCache:
