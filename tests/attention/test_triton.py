@@ -357,6 +357,43 @@ def test_dense_and_decoding_launches_compile_well_for_a_gpu_without_one():
     assert out.count("row_deltas grid") == 3, out  # each backward's δ, one kernel
 
 
+def _offset(t: torch.Tensor, elements: int) -> torch.Tensor:
+    """``t``'s values at an address ``elements`` past an aligned one (a misaligned pointer
+    for 1 element of 2 bytes)."""
+    flat = torch.empty(t.numel() + elements, dtype=t.dtype, device=t.device)
+    out = flat[elements:].view(t.shape)
+    out.copy_(t)
+    return out
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="kept launches skip Triton's binding only "
+                    "for compiled kernels; the CPU check is the one below")
+def test_kept_launches_give_triton_launches_results_on_the_gpu(monkeypatch):
+    """Bit for bit the output and lse of Triton's own launches (QKV_TRITON_FAST_LAUNCH=0),
+    decoding and prefill, aligned and misaligned inputs, the kept launch taken on the second
+    call."""
+    from qkv.attention import triton_fast
+
+    g = torch.Generator().manual_seed(0)
+    for T, shift in ((1, 0), (1, 1), (37, 0), (37, 1)):
+        q, k, v = (_offset(torch.randn(*s, generator=g).to(DEVICE, torch.bfloat16), shift)
+                   for s in ((2, 8, T, 64), (2, 2, 300, 64), (2, 2, 300, 64)))
+
+        def run(q=q, k=k, v=v):
+            return qkv.scaled_dot_product_attention(
+                q, k, v, enable_gqa=True, backend="triton", is_causal="bottom-right",
+                return_lse=True)
+
+        monkeypatch.setattr(triton_fast, "ENABLED", False)
+        want = run()
+        monkeypatch.setattr(triton_fast, "ENABLED", True)
+        run()  # kept here
+        got = run()  # launched from the kept kernel
+        for name, a, b in zip(("out", "lse"), got, want, strict=True):
+            error = (a.float() - b.float()).abs().max()
+            assert torch.equal(a, b), f"T={T} offset {shift}: {name} max error {error}"
+
+
 @pytest.mark.skipif(bool(os.environ.get("ATEN_CPU_CAPABILITY")),
                     reason="compiling does not depend on the CPU's kernels: the first pass did it")
 def test_kept_launches_are_the_launches_triton_makes():
