@@ -9,10 +9,12 @@ weights (``gpt2-small``: d_model 256, 4 layers, 4 heads; ``gpt2-124m``: GPT-2's 
 d_model 768, 12 layers, 12 heads, 50,257 tokens), batch 1, prompt 32 tokens, 64 steps; prints
 the median and the minimum over ``--repeats`` runs of each checkout. ``--device cuda --modes
 eager,compiled,graphs`` times a GPU's eager steps, compiled steps, and compiled steps replayed
-from CUDA graphs (what ``compile=True`` does there; ``make gpu-check`` runs it). ``--load``
-runs one busy process beside the measurement (:func:`qkv.bench.measure.busy_core`);
-``--policies adaptive,fixed`` runs each
-checkout under both thread policies (``QKV_THREADS``: fit the threads to the free cores, or
+from CUDA graphs (what ``compile=True`` does there; ``make gpu-check`` runs it); ``hf`` and
+``hf-static`` time transformers' GPT-2 of the same sizes (its own random weights) beside it,
+eager and through ``generate()`` on a static cache (a token's time: ``steps + 2`` new
+tokens less 2, over ``steps``). ``--load`` runs one busy process beside the measurement
+(:func:`qkv.bench.measure.busy_core`); ``--policies adaptive,fixed`` runs each checkout
+under both thread policies (``QKV_THREADS``: fit the threads to the free cores, or
 keep torch's setting); ``--out FILE`` writes the results as JSON.
 """
 
@@ -33,38 +35,73 @@ import json, sys, time, torch
 torch.set_num_threads(int(sys.argv[1]))
 which, steps, device, mode = sys.argv[2], int(sys.argv[3]), sys.argv[5], sys.argv[6]
 dtype = getattr(torch, sys.argv[7])
-import qkv
-from qkv.generate import compiled
-from qkv.generate.session import make_session
-if which == "smollm2":
-    from qkv.pretrained import load
-    model = load("SmolLM2-135M-Instruct").model
-else:
-    from qkv.models import DecoderLM, DecoderLMConfig
-    torch.manual_seed(0)
-    size = (dict(vocab_size=50257, d_model=768, num_layers=12, num_heads=12)
-            if which == "gpt2-124m" else dict(vocab_size=1000, d_model=256, num_layers=4,
-                                              num_heads=4))
-    model = DecoderLM(DecoderLMConfig.gpt2_style(max_len=512, **size))
-model = model.to(device, dtype).eval()
-compiled.CUDA_GRAPHS = mode == "graphs"
-prompt = [list(range(5, 37))]
-times = []
 sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+prompt = [list(range(5, 37))]
+size = (dict(vocab_size=50257, d_model=768, num_layers=12, num_heads=12)
+        if which == "gpt2-124m" else dict(vocab_size=1000, d_model=256, num_layers=4,
+                                          num_heads=4))
+
+
+def timed(step, warm):
+    warm()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    return (time.perf_counter() - t0) / steps * 1e3
+
+
+def qkv_run():
+    from qkv.generate import compiled
+    from qkv.generate.session import make_session
+    if which == "smollm2":
+        from qkv.pretrained import load
+        model = load("SmolLM2-135M-Instruct").model
+    else:
+        from qkv.models import DecoderLM, DecoderLMConfig
+        torch.manual_seed(0)
+        model = DecoderLM(DecoderLMConfig.gpt2_style(max_len=512, **size))
+    model = model.to(device, dtype).eval()
+    compiled.CUDA_GRAPHS = mode == "graphs"
+    s = (make_session(model, prompt, steps + 1, pad_id=None, bos_id=None) if mode == "eager"
+         else compiled.open_session(model, prompt, steps + 1, pad_id=None, bos_id=None,
+                                    compile=True))
+    box = [s.first()]
+    step = lambda: box.append(s.next(box.pop().argmax(-1)))
+    return timed(step, step)  # (a compiled session's first step compiles)
+
+
+def hf_run():
+    # transformers' GPT-2 of the same sizes (its own random weights): the peer's speed.
+    import transformers
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=size["num_layers"], n_embd=size["d_model"],
+                                     n_head=size["num_heads"], vocab_size=size["vocab_size"],
+                                     n_positions=512)
+    model = transformers.GPT2LMHeadModel(config).to(device, dtype).eval()
+    ids = torch.tensor(prompt, device=device)
+    if mode == "hf-static":  # generate() on a static cache (compiled by transformers on a GPU)
+        def gen(n):
+            sync()
+            t0 = time.perf_counter()
+            model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                           cache_implementation="static", pad_token_id=0)
+            sync()
+            return time.perf_counter() - t0
+        gen(steps + 2)
+        return (gen(steps + 2) - gen(2)) / steps * 1e3
+    out = model(ids, use_cache=True)
+    state = [out.past_key_values, out.logits[:, -1:].argmax(-1)]
+    def step():
+        o = model(state[1], past_key_values=state[0], use_cache=True)
+        state[:] = [o.past_key_values, o.logits[:, -1:].argmax(-1)]
+    return timed(step, step)
+
+
 with torch.inference_mode():
-    for _ in range(2):  # the first run compiles (and records its CUDA graph): the min is the second
-        s = (make_session(model, prompt, steps + 1, pad_id=None, bos_id=None) if mode == "eager"
-             else compiled.open_session(model, prompt, steps + 1, pad_id=None, bos_id=None,
-                                        compile=True))
-        logits = s.first()
-        logits = s.next(logits.argmax(-1))  # (a compiled session's first step compiles)
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            logits = s.next(logits.argmax(-1))
-        sync()
-        times.append((time.perf_counter() - t0) / steps * 1e3)
-print(json.dumps(min(times)))
+    run = hf_run if mode.startswith("hf") else qkv_run
+    print(json.dumps(min(run() for _ in range(2))))  # the first compiles: the min is the second
 """
 
 
@@ -92,7 +129,9 @@ def main() -> None:
     parser.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16 (GPU)")
     parser.add_argument("--modes", default="eager",
                         help="eager, compiled (torch.compile, no CUDA graphs), graphs "
-                             "(compile=True as qkv runs it: CUDA graphs on a GPU)")
+                             "(compile=True as qkv runs it: CUDA graphs on a GPU); hf, "
+                             "hf-static: transformers' GPT-2 of the same sizes, eager on a "
+                             "dynamic cache, and generate() on a static cache")
     args = parser.parse_args()
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")

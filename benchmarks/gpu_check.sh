@@ -63,9 +63,9 @@ if [ "${COMPILED_SECONDS:-60}" != 0 ]; then
     >"$OUT/gpu-compiled-$gpu.log" 2>&1
   summary "$OUT/gpu-compiled-$gpu.log" 20
 fi
-echo "== 7. ms a token: eager, compiled, CUDA graphs (benchmarks/decode_step.py, GPT-2 124M sizes)"
+echo "== 7. ms a token: eager, CUDA graphs, compiled; transformers eager and static (decode_step.py)"
 if [ "${DECODE_SECONDS:-90}" != 0 ]; then
   timeout -s INT "${DECODE_SECONDS:-90}" $PY benchmarks/decode_step.py --device cuda \
-    --models gpt2-124m --modes eager,graphs,compiled --repeats 1 --steps 64 \
+    --models gpt2-124m --modes eager,graphs,hf,compiled,hf-static --repeats 1 --steps 64 \
     --out "$OUT/decode-gpu-$gpu.json" 2>&1 | grep -v -i warn
 fi
