@@ -107,11 +107,17 @@ with torch.inference_mode():
 
 def run(src: str, which: str, threads: int, steps: int, policy: str = "adaptive",
         device: str = "cpu", mode: str = "eager", dtype: str = "float32") -> float:
+    """ms a token of one child run, or NaN (and the child's last error line printed) where
+    it failed: a peer this transformers cannot run leaves the other rows standing."""
     env = dict(os.environ, PYTHONPATH=src, QKV_THREADS=policy)
     out = subprocess.run(
         [sys.executable, "-c", CHILD, str(threads), which, str(steps), "", device, mode, dtype],
-        env=env, capture_output=True, text=True, check=True,
+        env=env, capture_output=True, text=True,
     )
+    if out.returncode:
+        last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+        print(f"  ({which} {mode} failed: {last[:300]})", flush=True)
+        return float("nan")
     return float(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -134,6 +140,10 @@ def main() -> None:
                              "dynamic cache, and generate() on a static cache")
     args = parser.parse_args()
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    unknown = set(args.modes.split(",")) - {"eager", "compiled", "graphs", "hf", "hf-static"}
+    if unknown:
+        parser.error(f"--modes: unknown {sorted(unknown)}; eager, compiled, graphs, hf, "
+                     "hf-static")
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
     checkouts = {"this": os.path.abspath(here)}
     if args.baseline:
