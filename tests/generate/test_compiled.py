@@ -140,7 +140,12 @@ def test_cuda_graph_sessions_share_one_zeroed_cache(monkeypatch):
     assert all(int(layer.k.count_nonzero()) == int(layer.v.count_nonzero()) == 0
                for layer in session.cache), "a reused cache must be zeroed"
     assert session.cache.slots.tolist() == [0] and session.cache[0].static is None
-    assert compiled_mod.release_caches(model) == 1 and compiled_mod.release_caches(model) == 0
+    with torch.inference_mode():  # the model cast since: a cache of the new dtype
+        model.double()
+        cast = StaticDecoderSession(model, PROMPTS, 8)
+        assert cast.cache[0].k.dtype == torch.float64
+        model.float()
+    assert compiled_mod.release_caches(model) == 2 and compiled_mod.release_caches(model) == 0
 
 
 def test_cuda_graphs_only_on_cuda(monkeypatch):

@@ -95,13 +95,15 @@ def _compiled_once(model: nn.Module, key: str, fn: Any, mode: str | None = None)
 def _session_cache(model: nn.Module, owner: object, graphs: bool, shape: tuple,
                    make: Callable[[], StaticKVCache]) -> StaticKVCache:  # fmt: skip
     """A static cache for ``owner`` (a session): ``make()``, or with CUDA graphs one kept with
-    ``model`` for ``shape`` (batch size, capacity), zeroed, its buffers marked static for the
-    compiler, and held by ``owner`` while it lives: a graph recorded on it replays for every
-    later session of the same shape. A cache still held by a live session is not shared; the
-    session gets one of its own."""
+    ``model`` for ``shape`` (batch size, capacity) and its weights' dtype and device, zeroed,
+    its buffers marked static for the compiler, and held by ``owner`` while it lives: a graph
+    recorded on it replays for every later session of the same shape. A cache still held by
+    a live session is not shared; the session gets one of its own."""
     if not graphs:
         return make()
     pool: dict = model.__dict__.setdefault("_qkv_static_caches", {})
+    weight = next(model.parameters())  # a model moved or cast since gets caches of its own
+    shape = (*shape, weight.dtype, weight.device)
     kept, held = pool.pop(shape, (None, lambda: None))
     if held() is not None:  # in use by a live session: it stays kept, this one is its own
         pool[shape] = (kept, held)
