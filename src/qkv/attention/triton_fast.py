@@ -14,7 +14,9 @@ Triton uses (:func:`specialisation`); ``tests/attention/test_triton_fast.py`` ho
 Triton's own choice, argument for argument, for aligned and unaligned pointers and integers
 equal to 1, divisible by 16 and past 32 bits. Whatever the fast path cannot vouch for goes
 through Triton: a kernel with pre-run hooks, launch hooks (a profiler), Triton's interpreter,
-or ``QKV_TRITON_FAST_LAUNCH=0`` (:data:`ENABLED`).
+or ``QKV_TRITON_FAST_LAUNCH=0`` (:data:`ENABLED`). What Triton reads from its own settings at
+every launch (``TRITON_DEBUG``, instrumentation) is taken as it was at a kernel's first
+launch; :func:`clear` forgets the kept kernels after changing them.
 """
 
 from __future__ import annotations
