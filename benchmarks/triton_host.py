@@ -79,15 +79,11 @@ def _qkv_host(n: int) -> None:
 def _triton_jit(n: int) -> None:
     """Triton's JIT work per launch of the decoding step's kernels (stand-in sm_90)."""
     import torch
-    from triton.compiler.compiler import CompiledKernel
-    from triton.runtime import driver
 
     from qkv.attention import triton_fast, triton_launch
     from qkv.attention.backends.triton_kernel import _Spec
-    from qkv.bench.triton_static import _StandInDriver
+    from qkv.bench.triton_static import launches_recorded
 
-    saved = driver._active
-    driver.set_active(_StandInDriver(90))
     launches = []
 
     def record(kernel, grid, args, options):
@@ -95,27 +91,23 @@ def _triton_jit(n: int) -> None:
         launches.append((kernel, grid, args, options))
 
     launch, sms = triton_launch._launch, triton_launch._gpu_multiprocessors
-    triton_launch._launch = record
-    triton_launch._gpu_multiprocessors = lambda device: 132
-    try:
-        q = torch.empty(B, H, 1, D, dtype=torch.bfloat16)
-        k, v = (torch.empty(B, HKV, S, D, dtype=torch.bfloat16) for _ in range(2))
-        triton_launch.forward(q, k, v, None, None, None, _Spec(D ** -0.5, None, None, 0, 0.0))
-    finally:
-        triton_launch._launch = launch
-        triton_launch._gpu_multiprocessors = sms
-    # Every compiled kernel's launch (and its launch metadata) a no-op from here.
-    CompiledKernel.run = property(lambda self: (lambda *args: None))
-    CompiledKernel.launch_metadata = lambda self, *args: None
-    try:
+    with launches_recorded(90):  # every compiled kernel's launch a no-op
+        triton_launch._launch = record
+        triton_launch._gpu_multiprocessors = lambda device: 132
+        try:
+            q = torch.empty(B, H, 1, D, dtype=torch.bfloat16)
+            k, v = (torch.empty(B, HKV, S, D, dtype=torch.bfloat16) for _ in range(2))
+            triton_launch.forward(q, k, v, None, None, None,
+                                  _Spec(D ** -0.5, None, None, 0, 0.0))
+        finally:
+            triton_launch._launch = launch
+            triton_launch._gpu_multiprocessors = sms
         for kernel, grid, args, options in launches:
             us = _per_call_us(lambda k=kernel, g=grid, a=args, o=options: k[g](*a, **o), n)
             fast = _per_call_us(lambda k=kernel, g=grid, a=args, o=options:
                                 triton_fast.launch(k, g, a, o), n)
             print(f"  Triton JIT, {kernel.__name__} ({len(args)} arguments){'':12} "
                   f"{us:8.1f} us a launch; qkv's kept launch (triton_fast) {fast:5.1f}")
-    finally:
-        driver._active = saved
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -217,20 +217,13 @@ def _fast() -> list[str]:
     (the same compiled kernel, the same arguments to its launcher); and the specialisation
     key must split values as Triton's does (stand-in sm_90 driver: nothing runs)."""
     import torch
-    from triton.compiler.compiler import CompiledKernel
-    from triton.runtime import driver
 
     from qkv.attention import triton_fast
-    from qkv.bench.triton_static import _StandInDriver
+    from qkv.bench.triton_static import launches_recorded
 
-    saved = {name: CompiledKernel.__dict__[name] for name in ("run", "launch_metadata")}
-    active = driver._active
-    driver.set_active(_StandInDriver(90))
-    calls = []  # (a compiled kernel whose launcher records, with no GPU to load it on)
-    CompiledKernel.run = property(lambda self: (lambda *a: calls.append((self, a))))
-    CompiledKernel.launch_metadata = lambda self, *args: None
+    calls = []  # (a compiled kernel's launcher records, with no GPU to load it on)
     labels = []
-    try:
+    with launches_recorded(90, lambda compiled, args: calls.append((compiled, args))):
         o = torch.empty(3 * 64 * 64 + 8)
         options = dict(BLOCK_R=4, BLOCK_DV=64, BLOCK_S=16, num_warps=4, num_stages=3)
         cases = [("aligned", 0, 2, 64, 64), ("offset pointer", 1, 2, 64, 64),
@@ -249,10 +242,6 @@ def _fast() -> list[str]:
                 raise AssertionError(f"{label}: the kept launch (kernel {got[0].hash[:10]}) "
                                      f"is not Triton's (kernel {want[0].hash[:10]})")
             labels.append(f"fast {label}: {want[0].hash[:10]}")
-    finally:
-        for name, value in saved.items():
-            setattr(CompiledKernel, name, value)
-        driver._active = active
     return labels + _fast_keys()
 
 

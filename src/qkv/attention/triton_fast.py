@@ -10,9 +10,10 @@ arguments, 6 µs for the merge's 7 (``benchmarks/triton_host.py``, triton 3.9, A
 :func:`launch` keeps, for each kernel, launch options and specialisation, the compiled kernel
 Triton chose the first time, and later hands the arguments straight to its launcher (what
 Triton itself does after its lookup). The specialisation is worked out here, in the terms
-Triton uses (:func:`specialisation`); ``tests/attention/test_triton_fast.py`` holds it to
-Triton's own choice, argument for argument, for aligned and unaligned pointers and integers
-equal to 1, divisible by 16 and past 32 bits. Whatever the fast path cannot vouch for goes
+Triton uses (:func:`specialisation`); ``tests/attention/test_triton.py`` (through
+``triton_compile_check.py --fast``) holds it to Triton's own choice, argument for argument,
+for aligned and unaligned pointers and integers equal to 1, divisible by 16 and past 32 bits.
+Whatever the fast path cannot vouch for goes
 through Triton: a kernel with pre-run hooks, launch hooks (a profiler), Triton's interpreter,
 or ``QKV_TRITON_FAST_LAUNCH=0`` (:data:`ENABLED`). What Triton reads from its own settings at
 every launch (``TRITON_DEBUG``, instrumentation) is taken as it was at a kernel's first
@@ -120,4 +121,3 @@ def _tail(kernel, given: int, options: dict) -> tuple:
 def clear() -> None:
     """Forget every kept compiled kernel (tests; a new driver)."""
     _COMPILED.clear()
-

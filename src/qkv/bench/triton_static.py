@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Compiled", "compiled_launches"]
+__all__ = ["Compiled", "compiled_launches", "launches_recorded"]
 
 _REGISTERS_PER_SM = 65536
 _MAX_WARPS_PER_SM = 64
@@ -108,6 +108,29 @@ def _compile(kernel, grid, args, options) -> Compiled:
     registers, stack = _usage(compiled)
     return Compiled(kernel.__name__, tuple(grid), dict(options), registers, stack,
                     compiled.metadata.shared, "cp.async" in compiled.asm["ptx"])
+
+
+@contextlib.contextmanager
+def launches_recorded(arch: int = 90, on_launch=None) -> Iterator[None]:
+    """Within: Triton compiles for a stand-in ``sm_<arch>`` driver, and a compiled kernel's
+    launch calls ``on_launch(compiled kernel, its launcher's arguments)`` (by default nothing)
+    instead of running, with no launch metadata built: Triton's and qkv's host-side launch
+    work, timed or checked without a GPU."""
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime import driver
+
+    sink = on_launch or (lambda compiled, args: None)
+    saved = {name: CompiledKernel.__dict__[name] for name in ("run", "launch_metadata")}
+    active = driver._active
+    driver.set_active(_StandInDriver(arch))
+    CompiledKernel.run = property(lambda self: (lambda *args: sink(self, args)))
+    CompiledKernel.launch_metadata = lambda self, *args: None
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(CompiledKernel, name, value)
+        driver._active = active
 
 
 @contextlib.contextmanager

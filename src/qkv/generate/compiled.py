@@ -92,14 +92,15 @@ def _compiled_once(model: nn.Module, key: str, fn: Any, mode: str | None = None)
     return step
 
 
-def _session_cache(model: nn.Module, owner: object, graphs: bool, shape: tuple,
+def _session_cache(model: nn.Module, owner: Any, shape: tuple,
                    make: Callable[[], StaticKVCache]) -> StaticKVCache:  # fmt: skip
-    """A static cache for ``owner`` (a session): ``make()``, or with CUDA graphs one kept with
+    """A static cache for ``owner`` (a session): ``make()``, or where the session's steps
+    replay CUDA graphs (``owner.cuda_graphs``) one kept with
     ``model`` for ``shape`` (batch size, capacity) and its weights' dtype and device, zeroed,
     its buffers marked static for the compiler, and held by ``owner`` while it lives: a graph
     recorded on it replays for every later session of the same shape. A cache still held by
     a live session is not shared; the session gets one of its own."""
-    if not graphs:
+    if not owner.cuda_graphs:
         return make()
     pool: dict = model.__dict__.setdefault("_qkv_static_caches", {})
     weight = next(model.parameters())  # a model moved or cast since gets caches of its own
@@ -144,12 +145,14 @@ class _CompiledSteps:
     compiled: bool
     compile_seconds: float | None
 
-    def _init_steps(self, compile: bool, eager: Any, make_compiled: Any,
-                    cuda_graphs: bool = False) -> None:  # fmt: skip
+    def _init_steps(self, compile: bool, device: torch.device, eager: Any,
+                    make_compiled: Any) -> None:  # fmt: skip
+        """Steps through ``make_compiled(cuda_graphs)`` with ``compile``, else ``eager``;
+        CUDA graphs where :func:`uses_cuda_graphs` says so for ``device``."""
         self.compiled, self.compile_seconds = bool(compile), None
-        self.cuda_graphs = bool(compile and cuda_graphs)
+        self.cuda_graphs = self.compiled and uses_cuda_graphs(device)
         self._eager = eager
-        self.step_fn = make_compiled() if compile else eager
+        self.step_fn = make_compiled(self.cuda_graphs) if compile else eager
 
     def _step(self, *args: Any, **kwargs: Any) -> Tensor:
         """One step through the compiled function; where it fails, a warning and the step
@@ -216,8 +219,9 @@ class StaticDecoderSession(_CompiledSteps, DecoderSession):
         # Capacity rounded up to a multiple of BUCKET: prompts of other lengths reuse the
         # compiled step (unwritten slots are masked, so the extra room changes nothing).
         L = _bucketed(P + max_new_tokens)
-        graphs = compile and uses_cuda_graphs(self.ids.device)
-        self.cache = _session_cache(model, self, graphs, (self.batch, L),
+        self._init_steps(compile, self.ids.device, model,
+                         lambda graphs: compiled_step(model, cuda_graphs=graphs))
+        self.cache = _session_cache(model, self, (self.batch, L),
                                     lambda: model.new_cache(self.batch, L, static=True))
         self.capacity = L
         if self.mask is not None:
@@ -227,8 +231,6 @@ class StaticDecoderSession(_CompiledSteps, DecoderSession):
             self.mask = full
         self.slot = torch.full((1,), P, dtype=torch.long, device=self.ids.device)  # (1,)
         self.written = P  # slots filled, known on the host (no read of ``slot``)
-        self._init_steps(compile, model, lambda: compiled_step(model, cuda_graphs=graphs),
-                         graphs)
 
     @fitted
     def first(self) -> Tensor:
@@ -285,14 +287,13 @@ class StaticSeq2SeqSession(_CompiledSteps, Seq2SeqSession):
                                  device=self.src_mask.device)  # fmt: skip
             self.src_mask = torch.cat([self.src_mask, hidden], dim=-1)  # (B, 1, 1, S_pad)
         self.capacity, self.written = _bucketed(max_new_tokens + 1), 0
-        graphs = compile and uses_cuda_graphs(self.memory.device)
+        self._init_steps(compile, self.memory.device, model.decode,
+                         lambda graphs: compiled_method(model, "decode", cuda_graphs=graphs))
         self.cache = _session_cache(
-            model, self, graphs, ("seq2seq", self.batch, self.capacity),
+            model, self, ("seq2seq", self.batch, self.capacity),
             lambda: model.new_cache(self.capacity, static=True, batch_size=self.batch))
         self.slot = torch.zeros(1, dtype=torch.long, device=self.memory.device)  # (1,)
         self.cache.set_slots(self.slot)
-        self._init_steps(compile, model.decode,
-                         lambda: compiled_method(model, "decode", cuda_graphs=graphs), graphs)
 
     @fitted
     def next(self, tokens: Tensor) -> Tensor:
@@ -325,13 +326,12 @@ class StaticMemorySession(_CompiledSteps, MemorySession):
         super().__init__(model, inputs, max_new_tokens)
         P = self.prompts.shape[1]
         self.capacity, self.written = _bucketed(P + max_new_tokens), 0
-        graphs = compile and uses_cuda_graphs(self.prompts.device)
+        self._init_steps(compile, self.prompts.device, model.decode,
+                         lambda graphs: compiled_method(model, "decode", cuda_graphs=graphs))
         self.cache = _session_cache(
-            model, self, graphs, ("memory", self.batch, self.capacity),
+            model, self, ("memory", self.batch, self.capacity),
             lambda: model.new_cache(self.capacity, static=True, batch_size=self.batch))
         self.slot = torch.full((1,), P, dtype=torch.long, device=self.prompts.device)  # (1,)
-        self._init_steps(compile, model.decode,
-                         lambda: compiled_method(model, "decode", cuda_graphs=graphs), graphs)
 
     def _logits(self, tokens: Tensor) -> Tensor:
         T = tokens.shape[1]
