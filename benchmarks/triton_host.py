@@ -80,7 +80,7 @@ def _triton_jit(n: int) -> None:
     """Triton's JIT work per launch of the decoding step's kernels (stand-in sm_90)."""
     import torch
 
-    from qkv.attention import triton_fast, triton_launch
+    from qkv.attention import triton_fast, triton_launch, triton_plan
     from qkv.attention.backends.triton_kernel import _Spec
     from qkv.bench.triton_static import launches_recorded
 
@@ -90,10 +90,10 @@ def _triton_jit(n: int) -> None:
         kernel.warmup(*args, grid=grid, **options)  # compiled once, here
         launches.append((kernel, grid, args, options))
 
-    launch, sms = triton_launch._launch, triton_launch._gpu_multiprocessors
+    launch, sms = triton_launch._launch, triton_plan.gpu_multiprocessors
     with launches_recorded(90):  # every compiled kernel's launch a no-op
         triton_launch._launch = record
-        triton_launch._gpu_multiprocessors = lambda device: 132
+        triton_plan.gpu_multiprocessors = lambda device: 132
         try:
             q = torch.empty(B, H, 1, D, dtype=torch.bfloat16)
             k, v = (torch.empty(B, HKV, S, D, dtype=torch.bfloat16) for _ in range(2))
@@ -101,7 +101,7 @@ def _triton_jit(n: int) -> None:
                                   _Spec(D ** -0.5, None, None, 0, 0.0))
         finally:
             triton_launch._launch = launch
-            triton_launch._gpu_multiprocessors = sms
+            triton_plan.gpu_multiprocessors = sms
         for kernel, grid, args, options in launches:
             us = _per_call_us(lambda k=kernel, g=grid, a=args, o=options: k[g](*a, **o), n)
             fast = _per_call_us(lambda k=kernel, g=grid, a=args, o=options:

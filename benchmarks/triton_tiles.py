@@ -5,7 +5,7 @@
 For B=4, H=16, T=S, bfloat16, causal and not: the forward of each (BLOCK_M, BLOCK_N, warps,
 stages) in FORWARD and the backward of each in BACKWARD, timed with
 ``triton.testing.do_bench`` (median ms), with TFLOP/s and the ratio to torch's flash kernel.
-What it prints is what :func:`qkv.attention.triton_launch.tiles` is chosen from.
+What it prints is what :func:`qkv.attention.triton_plan.tiles` is chosen from.
 
 ``--dry-run``: every config once on CPU tensors in Triton's interpreter, tiny shapes, no
 timing worth the name: what the test suite runs, so the sweep's own code cannot rot between
@@ -13,7 +13,7 @@ GPU sessions.
 
 ``--flex``: block-sparse ``qkv.flex_attention`` instead (B=2, T=16384, a document mask of 8
 documents, 128 × 128 blocks), each FLEX_FORWARD config's forward and each FLEX_BACKWARD
-pair's forward+backward: what :func:`qkv.attention.triton_launch.flex_tiles` is chosen from
+pair's forward+backward: what :func:`qkv.attention.triton_plan.flex_tiles` is chosen from
 (benchmarks/gpu.py's document case times the chosen one beside compiled flex).
 """
 
@@ -67,8 +67,8 @@ def _device() -> tuple[torch.device, str]:
 def _flex_sweep(D: int) -> list[dict]:
     """Time each FLEX_FORWARD and FLEX_BACKWARD config on the document mask; the records."""
     import qkv
-    from qkv.attention import triton_launch
-    from qkv.attention.triton_launch import Tiles
+    from qkv.attention import triton_plan
+    from qkv.attention.triton_plan import Tiles
 
     dev, name = _device()
     B, H, T = (1, 2, 256) if DRY else (2, 16, 16384)
@@ -77,7 +77,7 @@ def _flex_sweep(D: int) -> list[dict]:
                                device=dev)
     q, k, v = (torch.randn(B, H, T, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
     do = torch.randn_like(q)
-    chosen, records = triton_launch.flex_tiles, []
+    chosen, records = triton_plan.flex_tiles, []
     opts = {"backend": "triton"}  # the kernels or an error: never the tile loop
     print(f"{name}  flex, document x8, B={B} H={H} T=S={T} D={D} bf16")
     runs = [("forward", c) for c in FLEX_FORWARD] + [("fwd+bwd", c) for c in FLEX_BACKWARD]
@@ -90,7 +90,7 @@ def _flex_sweep(D: int) -> list[dict]:
                 return chosen(which, block_size, width, dtype, *rest)
             return Tiles(*(_c[0] if which == "dq" else _c[1]), _c[2], _c[3])
 
-        triton_launch.flex_tiles = forced
+        triton_plan.flex_tiles = forced
         try:
             if kind == "forward":
                 ms = _bench(lambda: qkv.flex_attention(q, k, v, block_mask=bm,
@@ -103,7 +103,7 @@ def _flex_sweep(D: int) -> list[dict]:
         except Exception as e:  # a config that does not fit
             ms, note = None, f"{type(e).__name__}: {str(e)[:80]}"
         finally:
-            triton_launch.flex_tiles = chosen
+            triton_plan.flex_tiles = chosen
         print(f"  {kind:8s} {c}: {note}")
         records.append(dict(kind=kind, tiles=c, ms=ms))
     return records
@@ -127,15 +127,15 @@ def main(argv: list[str] | None = None) -> int:
             os.replace(a.out + ".tmp", a.out)
         return 0
     import qkv
-    from qkv.attention import triton_launch
-    from qkv.attention.triton_launch import Tiles
+    from qkv.attention import triton_plan
+    from qkv.attention.triton_plan import Tiles
 
     B, H, T, D = (1, 2, a.T, a.D) if DRY else (4, 16, a.T, a.D)
     dev, name = _device()
     q, k, v = (torch.randn(B, H, T, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
     do = torch.randn_like(q)
     records = []
-    chosen = triton_launch.tiles
+    chosen = triton_plan.tiles
     print(f"{name}  B={B} H={H} T=S={T} D={D} bf16")
     for causal in (False, True):
         flops = 4 * B * H * T * T * D * (0.5 if causal else 1.0)
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                     # ignores)
                     return _f if which == _k else chosen(which, rows, width, dtype, *rest)
 
-                triton_launch.tiles = tiles
+                triton_plan.tiles = tiles
                 try:
                     if kind == "forward":
                         ms = _bench(lambda c=causal: qkv.scaled_dot_product_attention(
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as e:  # a config that does not fit shared memory
                     ms, note = None, f"{type(e).__name__}: {str(e)[:80]}"
                 finally:
-                    triton_launch.tiles = chosen
+                    triton_plan.tiles = chosen
                 print(f"  {kind:8s} causal={causal!s:5s} {m:3d}x{n:<3d} w{w} s{s}: {note}")
                 records.append(dict(kind=kind, causal=causal, tiles=[m, n, w, s], ms=ms,
                                     torch_ms=ref))

@@ -416,7 +416,7 @@ def test_the_tile_sweeps_run_every_config_without_a_gpu(tmp_path, flex):
     """benchmarks/triton_tiles.py --dry-run: every config of the GPU tile sweep once, in the
     interpreter, tiny shapes. The sweep is otherwise only run on a lent GPU, where a config
     that fails is recorded as its error and the minutes are gone (its stand-in for
-    triton_launch.tiles once took the launches' extras flag as the forced tile)."""
+    triton_plan.tiles once took the launches' extras flag as the forced tile)."""
     import json
     import subprocess
     import sys

@@ -172,7 +172,7 @@ def _launched() -> list[str]:
     kernel spills nothing and leaves room for the programs its key splits count on."""
     import torch
 
-    from qkv.attention import triton_launch
+    from qkv.attention import triton_plan
     from qkv.bench.triton_static import compiled_launches
 
     labels = []
@@ -183,8 +183,8 @@ def _launched() -> list[str]:
                     f"multiprocessor, pipelined {c.pipelined}")
             bad = _bad(c)
             if label in ("decode", "paged") and c.kernel not in LOOPLESS:
-                t = triton_launch.tiles("forward" if label == "decode" else label, 4, 128,
-                                        torch.bfloat16)
+                t = triton_plan.tiles("forward" if label == "decode" else label, 4, 128,
+                                      torch.bfloat16)
                 bad = bad or c.spill_bytes > 0 or c.programs_per_sm() < t.resident
             if bad:
                 raise AssertionError(line)

@@ -138,23 +138,23 @@ def _stand_in(arch: int, multiprocessors: int) -> Iterator[list[Compiled]]:
     """Within: triton launches compile for ``sm_<arch>`` and are recorded, not run."""
     from triton.runtime import driver
 
-    from qkv.attention import triton_launch
+    from qkv.attention import triton_launch, triton_plan
 
     saved = os.environ.pop("TRITON_INTERPRET", None)
     records: list[Compiled] = []
     active = driver._active  # (None on a machine without a GPU: Triton finds none to reset to)
     driver.set_active(_StandInDriver(arch))
-    patched = {"_launch": lambda kernel, grid, args, options: records.append(
+    patched = {(triton_launch, "_launch"): lambda kernel, grid, args, options: records.append(
                    _compile(kernel, grid, args, options)),
-               "_gpu_multiprocessors": lambda device: multiprocessors}
-    originals = {name: getattr(triton_launch, name) for name in patched}
+               (triton_plan, "gpu_multiprocessors"): lambda device: multiprocessors}
+    originals = {where: getattr(*where) for where in patched}
     try:
-        for name, value in patched.items():
-            setattr(triton_launch, name, value)
+        for (module, name), value in patched.items():
+            setattr(module, name, value)
         yield records
     finally:
-        for name, value in originals.items():
-            setattr(triton_launch, name, value)
+        for (module, name), value in originals.items():
+            setattr(module, name, value)
         driver._active = active
         if saved is not None:
             os.environ["TRITON_INTERPRET"] = saved
