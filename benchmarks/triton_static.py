@@ -6,8 +6,9 @@ Runs qkv's launch code for the GPU benchmark's shapes (benchmarks/gpu.py: B=4, H
 bfloat16; decoding H=32 over Hkv=8; paged decoding 8 sequences of 4096 positions in pages of
 16) on CPU tensors, compiles every launch with Triton's own JIT for ``sm_<arch>`` and
 prints, per kernel: tiles, warps, stages, registers, spilled bytes, shared memory, whether the
-loads are pipelined, programs per multiprocessor and the grid. Nothing is timed: see
-:mod:`qkv.bench.triton_static`. Needs triton; TRITON_INTERPRET must be unset.
+loads are pipelined, programs per multiprocessor, the two largest loop bodies in machine
+instructions (and how many of them read or write spilled registers) and the grid. Nothing is
+timed: see :mod:`qkv.bench.triton_static`. Needs triton; TRITON_INTERPRET must be unset.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sm_{a.arch}, {a.sms} multiprocessors; triton {triton.__version__}, torch "
           f"{torch.__version__}; B={B} H={H} D={D} bf16 (decode: H=32 Hkv=8 S=32768)")
     print(f"{'case':8} {'kernel':28} {'tiles':>9} {'w':>2} {'st':>2} {'regs':>4} "
-          f"{'spill B':>7} {'smem KiB':>8} {'pipe':>4} {'prog/SM':>7}  grid")
+          f"{'spill B':>7} {'smem KiB':>8} {'pipe':>4} {'prog/SM':>7}  {'loops':16} grid")
     rows = []
     for name in a.cases.split(","):
         for c in compiled_launches(CASES[name](), a.arch, a.sms):
@@ -107,15 +108,21 @@ def main(argv: list[str] | None = None) -> int:
             tiles = f"{o.get('BLOCK_M', o.get('BLOCK_R', ''))}x{o.get('BLOCK_N', '')}"
             print(f"{name:8} {c.kernel:28} {tiles:>9} {c.warps:>2} {o['num_stages']:>2} "
                   f"{c.registers:>4} {c.spill_bytes:>7} {c.shared_bytes / 1024:>8.1f} "
-                  f"{'yes' if c.pipelined else 'no':>4} {c.programs_per_sm():>7}  {c.grid}")
+                  f"{'yes' if c.pipelined else 'no':>4} {c.programs_per_sm():>7}  "
+                  f"{_loops(c.loops):16} {c.grid}")
             rows.append(dict(case=name, kernel=c.kernel, grid=c.grid, options=o,
                              registers=c.registers, spill_bytes=c.spill_bytes,
                              shared_bytes=c.shared_bytes, pipelined=c.pipelined,
-                             programs_per_sm=c.programs_per_sm()))
+                             programs_per_sm=c.programs_per_sm(), loops=c.loops))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
     return 0
+
+
+def _loops(loops) -> str:
+    """The two largest loop bodies: ``instructions(local loads and stores)``."""
+    return " ".join(f"{n}({local})" for n, local in loops[:2]) or "-"
 
 
 if __name__ == "__main__":

@@ -64,9 +64,11 @@ def _mask(kind: str, B: int, H: int, T: int, S: int):
 
 
 KINDS = ["causal", "window", "document", "prefix-lm per row", "per head", "dead rows"]
-# B, H, Hkv, T, S, D, Dv, (bq, bk)
+# B, H, Hkv, T, S, D, Dv, (bq, bk). The last: T and S whole blocks (T != S), where the
+# kernels read and score with no edge masks (``EVEN``); the others end inside a block.
 SHAPES = [(2, 2, 2, 45, 45, 16, 16, (16, 16)), (2, 4, 2, 50, 50, 24, 16, (32, 16)),
-          (1, 3, 1, 37, 70, 32, 32, (16, 32))]
+          (1, 3, 1, 37, 70, 32, 32, (16, 32)), (2, 4, 2, 64, 48, 16, 16, (32, 16))]
+WHOLE = SHAPES[3]
 
 
 def _inputs(shape, dtype=torch.float32, seed=0):
@@ -108,11 +110,12 @@ def _ready_mod(mod: str, H: int, T: int, S: int):
     return relative_bias(table, 8, 20, bidirectional=mod == "relative")
 
 
+@pytest.mark.parametrize("shape", [SHAPES[1], WHOLE], ids=["edges", "whole"])
 @pytest.mark.parametrize("mod", ["alibi", "softcap", "relative", "relative causal"])
 @pytest.mark.parametrize("kind", ["document", "per head", "no block mask"])
-def test_ready_score_mods_run_in_the_kernel_and_equal_float64(mod, kind):
-    """With a block mask, or alone (every tile full, no mask read)."""
-    shape = SHAPES[1]
+def test_ready_score_mods_run_in_the_kernel_and_equal_float64(mod, kind, shape):
+    """With a block mask, or alone (every tile full, no mask read); in blocks that end past
+    the sequences, and in whole ones."""
     H, T, S = shape[1], shape[3], shape[4]
     bm = None if kind == "no block mask" else _block_mask(kind, shape)
     score_mod = _ready_mod(mod, H, T, S)
@@ -233,12 +236,12 @@ def test_a_mod_for_other_heads_is_refused_on_the_kernel_path_as_on_the_tile_loop
             _flex(q, k, v, bm, backend, score_mod=score_mod)
 
 
+@pytest.mark.parametrize("shape", [SHAPES[1], WHOLE], ids=["edges", "whole"])
 @pytest.mark.parametrize("mod", ["alibi", "relative", "relative causal"])
 @pytest.mark.parametrize("kind", ["document", "per head"])
-def test_learned_slopes_and_tables_get_the_tile_loops_gradient(mod, kind):
+def test_learned_slopes_and_tables_get_the_tile_loops_gradient(mod, kind, shape):
     """Learned ALiBi slopes and a learned T5 table run in the kernel; their gradients (from
     the dQ kernel's atomic adds) equal the tile loop's in float64, as do q, k and v's."""
-    shape = SHAPES[1]
     H, T, S = shape[1], shape[3], shape[4]
     bm = _block_mask(kind, shape)
     values = _ready_mod(mod, H, T, S).kernel_params[1]
@@ -288,16 +291,19 @@ def counter_on_cpu(monkeypatch):
     monkeypatch.setattr(dropout, "counter_based", lambda device: True)
 
 
-@pytest.mark.parametrize("kind, mod", [("document", None), ("per head", "alibi"),
-                                       ("dead rows", "softcap"), ("document", "softcap")])
-def test_dropout_in_the_flex_kernels_equals_the_dense_definition(kind, mod, counter_on_cpu):
+@pytest.mark.parametrize("kind, mod, shape", [
+    ("document", None, SHAPES[1]), ("per head", "alibi", SHAPES[1]),
+    ("dead rows", "softcap", SHAPES[1]), ("document", "softcap", SHAPES[1]),
+    ("document", None, WHOLE)], ids=str)
+def test_dropout_in_the_flex_kernels_equals_the_dense_definition(kind, mod, shape,
+                                                                 counter_on_cpu):
     """Block-sparse flex with dropout (what a qkv.nn module with a block mask trains with on a
     GPU): the kernels' output and gradients equal the dense definition's (flex_dense: every
-    score, the mask_mod everywhere, the same seed's mask drawn (B, H, T, S))."""
+    score, the mask_mod everywhere, the same seed's mask drawn (B, H, T, S)). GQA, 32 x 16
+    blocks; the last in whole blocks."""
     from qkv.nn.core import flex_dense
     from qkv.nn.hooks import AttentionInputs
 
-    shape = SHAPES[1]  # GQA, 32 x 16 blocks
     H, T, S = shape[1], shape[3], shape[4]
     bm = _block_mask(kind, shape)
     score_mod = None if mod is None else _ready_mod(mod, H, T, S)
@@ -333,3 +339,21 @@ def test_a_module_with_a_block_mask_trains_with_dropout_on_the_kernels(counter_o
     assert not core.drops_in_kernel(inputs, None, bm, need_weights=True)
     monkeypatch.undo()  # the CPU rule again: torch's draw, the dense definition
     assert not core.drops_in_kernel(inputs, None, bm, need_weights=False)
+
+
+@pytest.mark.parametrize("shape, whole", [(SHAPES[0], False), (SHAPES[1], False),
+                                          (SHAPES[2], False), (WHOLE, True),
+                                          ((1, 2, 2, 64, 50, 16, 16, (32, 16)), False)],
+                         ids=str)
+def test_the_kernels_drop_the_edge_masks_exactly_when_t_and_s_are_whole_blocks(shape, whole):
+    """``EVEN``: every tile inside ``T × S`` (torch's flex kernels' ``IS_DIVISIBLE``), so the
+    loads and scores take no edge mask; a sequence that ends inside a block keeps them."""
+    from qkv.attention import triton_launch
+
+    bm = _block_mask("document", shape)
+    q, k, v = _inputs(shape)
+    tab = flex_triton.tables(bm, q.device)
+    mod = flex_triton.score_mod_params(None, q, shape[3])
+    for kind in ("forward", "dq", "dkdv"):
+        options = triton_launch._flex_args(q, k, v, tab, bm, mod, kind)[3]
+        assert options["EVEN"] is whole, (kind, shape)

@@ -110,3 +110,27 @@ def test_the_splits_scratch_is_one_buffer_of_aligned_views():
             assert o.untyped_storage().data_ptr() == lse.untyped_storage().data_ptr()
             end = o.data_ptr() + o.numel() * o.element_size()
             assert lse.data_ptr() >= end, "the lse must not overlap the partial outputs"
+
+
+def test_loop_bodies_are_read_off_a_sass_listing():
+    """:func:`qkv.bench.triton_static.loop_bodies`, which the static report's loop column
+    and docs/gpu.md's instruction counts come from: a branch back to an earlier address is a
+    loop, its body the instructions from the target to the branch; local loads and stores
+    (spilled registers) are counted in it; a forward branch is no loop."""
+    from qkv.bench.triton_static import loop_bodies
+
+    def line(at, text):
+        return f"        /*{at:04x}*/                   {text} ;          /* 0x000fe20000000800 */"
+    sass = "\n".join([
+        line(0x00, "ULDC UR4, c[0x0][0x28]"),
+        line(0x10, "@P0 BRA 0x90"),  # forward: no loop
+        line(0x20, "LDL.64 R2, [R1+0x8]"),  # the outer loop starts here
+        line(0x30, "HMMA.16816.F32.BF16 R4, R8, R12, R4"),
+        line(0x40, "STL [R1+0x10], R5"),
+        line(0x50, "FMUL R6, R6, R7"),  # the inner loop: 0x50..0x60
+        line(0x60, "@P1 BRA 0x50"),
+        line(0x70, "@P2 BRA 0x20"),
+        line(0x80, "EXIT"),
+        line(0x90, "BRA 0x90"),  # a branch to itself: a one-instruction loop is not "earlier"
+    ])
+    assert loop_bodies(sass) == ((6, 2), (2, 0))

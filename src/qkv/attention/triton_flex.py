@@ -60,13 +60,14 @@ def _tanh(x):
 def _tile(q, k, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
           SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr,
-          MASKED: tl.constexpr):
+          MASKED: tl.constexpr, EVEN: tl.constexpr):
     """Base-2 scores of one tile after the score mod (``SCORE_MOD`` 1: ALiBi
     ``-slope_h·|i + offset - j|``, 2: soft-cap ``cap·tanh(s / cap)``, 3: plus the bias of
     distance ``j - i``; ``mod_at`` from :func:`_mod_row`), ``-inf`` where the
     block mask (a partial block, ``MASKED``: ``keep_at`` points at this tile's corner of its
-    keep tile, rows ``SPARSE_N`` apart) or the edges hide a key; and ``d mod / d s``
-    (soft-cap: ``1 - tanh²``; meaningless otherwise)."""
+    keep tile, rows ``SPARSE_N`` apart) or the edges hide a key (none with ``EVEN``: every
+    tile inside ``T × S``); and ``d mod / d s`` (soft-cap: ``1 - tanh²``; meaningless
+    otherwise)."""
     s = matmul(q, tl.trans(k), PRECISION, UPCAST) * scale  # natural units
     dmod = s
     if SCORE_MOD == 1:
@@ -79,13 +80,19 @@ def _tile(q, k, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
         t = _tanh(s / cap)
         s = cap * t
         dmod = 1.0 - t * t
-    visible = rows_ok[:, None] & cols_ok[None, :]
+    s = s * 1.4426950408889634
     if MASKED:
         r = tl.arange(0, BLOCK_M)
         c = tl.arange(0, BLOCK_N)
         at = keep_at + r[:, None] * SPARSE_N + c[None, :]
-        visible = visible & (tl.load(at, mask=rows_ok[:, None], other=1) != 0)
-    return tl.where(visible, s * 1.4426950408889634, float("-inf")), dmod
+        if EVEN:
+            s = tl.where(tl.load(at) != 0, s, float("-inf"))
+        else:
+            keep = tl.load(at, mask=rows_ok[:, None], other=1) != 0
+            s = tl.where(keep & rows_ok[:, None] & cols_ok[None, :], s, float("-inf"))
+    elif not EVEN:
+        s = tl.where(rows_ok[:, None] & cols_ok[None, :], s, float("-inf"))
+    return s, dmod
 
 
 @triton.jit
@@ -107,15 +114,16 @@ def _mod_row(MOD_DATA, h, T, S, SCORE_MOD: tl.constexpr):
 def _key_tile(q, K, V, i, rows_ok, kt, keep_at, mod_at, sks, svs, S, D, DV, d, dv,
               offset, cap, scale, SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr,
               UPCAST: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr, MASKED: tl.constexpr):
+              BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr, MASKED: tl.constexpr,
+              EVEN: tl.constexpr):
     """Key tile ``kt`` (``BLOCK_N`` keys) read for the query tile ``q``:
     ``(k, v, base-2 scores, d mod / d s)``."""
     j = kt * BLOCK_N + tl.arange(0, BLOCK_N)
     cols_ok = j < S
-    k = load_tile(K, j, cols_ok, sks, D, d, True, EVEN_D)
-    v = load_tile(V, j, cols_ok, svs, DV, dv, True, EVEN_D)
+    k = load_tile(K, j, cols_ok, sks, D, d, not EVEN, EVEN_D)
+    v = load_tile(V, j, cols_ok, svs, DV, dv, not EVEN, EVEN_D)
     s, dmod = _tile(q, k, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
-                    SCORE_MOD, PRECISION, UPCAST, BLOCK_M, BLOCK_N, SPARSE_N, MASKED)
+                    SCORE_MOD, PRECISION, UPCAST, BLOCK_M, BLOCK_N, SPARSE_N, MASKED, EVEN)
     return k, v, s, dmod
 
 
@@ -145,11 +153,12 @@ def _forward_step(q, K, V, m, l, acc, i, rows_ok, kt, keep_at, mod_at, sks, svs,
                   DV, d, dv, offset, cap, scale, bh, DROP, keep_scale,
                   SCORE_MOD: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
                   UPCAST: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr, MASKED: tl.constexpr):
+                  BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr, MASKED: tl.constexpr,
+                  EVEN: tl.constexpr):
     """One key tile ``kt`` of the online softmax: the updated ``(m, l, acc)``."""
     _, v, s, _ = _key_tile(q, K, V, i, rows_ok, kt, keep_at, mod_at, sks, svs, S, D, DV,
                            d, dv, offset, cap, scale, SCORE_MOD, PRECISION, UPCAST, EVEN_D,
-                           BLOCK_M, BLOCK_N, SPARSE_N, MASKED)
+                           BLOCK_M, BLOCK_N, SPARSE_N, MASKED, EVEN)
     keep = s == s  # (unused without dropout)
     if DROPOUT:
         keep = philox_keep(DROP, bh, i, kt * BLOCK_N + tl.arange(0, BLOCK_N))
@@ -162,7 +171,7 @@ def flex_forward(
     sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, sob, soh, sot,
     H, G, T, S, D, DV, nQ, nK, BB, HB, HT, scale, offset, cap, keep_scale,
     SCORE_MOD: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
+    UPCAST: tl.constexpr, EVEN_D: tl.constexpr, EVEN: tl.constexpr,
     SPARSE_M: tl.constexpr, SPARSE_N: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
@@ -178,7 +187,7 @@ def flex_forward(
     rows_ok = i < T
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
-    q = load_tile(Q + b * sqb + h * sqh, i, rows_ok, sqt, D, d, True, EVEN_D)
+    q = load_tile(Q + b * sqb + h * sqh, i, rows_ok, sqt, D, d, not EVEN, EVEN_D)
     poisoned = poisoned_rows(q)
     mod_at = _mod_row(MOD_DATA, h, T, S, SCORE_MOD)
     row = ((b * BB) * HT + h * HB) * nQ + qb
@@ -194,14 +203,14 @@ def flex_forward(
         m, l, acc = _forward_step(q, K, V, m, l, acc, i, rows_ok, kt, keep_at, mod_at,
                                   sks, svs, S, D, DV, d, dv, offset, cap, scale, b * H + h,
                                   DROP, keep_scale, SCORE_MOD, DROPOUT, PRECISION, UPCAST,
-                                  EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, True)
+                                  EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, True, EVEN)
     for n in range(part, tl.load(KV_COUNT + row) * SUBS):  # full blocks' tiles: no mask read
         kt, keep_at = _visited(KV_IDX, SLOT, KEEP, row * nK, n, row * nK, 1, r0, SPARSE_M,
                                SPARSE_N, SUBS, True, False)
         m, l, acc = _forward_step(q, K, V, m, l, acc, i, rows_ok, kt, keep_at, mod_at,
                                   sks, svs, S, D, DV, d, dv, offset, cap, scale, b * H + h,
                                   DROP, keep_scale, SCORE_MOD, DROPOUT, PRECISION, UPCAST,
-                                  EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, False)
+                                  EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, False, EVEN)
     out, lse = finish_rows(acc, l, m, poisoned)
     o_at = O + b * sob + h * soh + i[:, None].to(tl.int64) * sot + dv[None, :]
     tl.store(o_at, out.to(O.dtype.element_ty), mask=rows_ok[:, None] & (dv[None, :] < DV))
@@ -214,12 +223,12 @@ def _dq_step(dq, q, do, lse, delta, K, V, i, rows_ok, kt, keep_at, mod_at, dmod_
              SCORE_MOD: tl.constexpr, GRAD_MOD: tl.constexpr, DROPOUT: tl.constexpr,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr,
-             MASKED: tl.constexpr):
+             MASKED: tl.constexpr, EVEN: tl.constexpr):
     """``dq`` plus key tile ``kt``'s share; with ``GRAD_MOD``, the tile's share of the score
     mod's gradient added at ``dmod_at`` (:func:`_mod_grad`)."""
     k, v, s, dmod = _key_tile(q, K, V, i, rows_ok, kt, keep_at, mod_at, sks, svs, S, D,
                               DV, d, dv, offset, cap, scale, SCORE_MOD, PRECISION, UPCAST,
-                              EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, MASKED)
+                              EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, MASKED, EVEN)
     p = tl.math.exp2(s - lse[:, None])
     dp = matmul(do, tl.trans(v), PRECISION, UPCAST)
     if DROPOUT:  # dO reaches the weights the forward kept, scaled as they were
@@ -253,7 +262,7 @@ def _mod_grad(ds, dmod_at, i, j, rows_ok, S, offset, SCORE_MOD: tl.constexpr):
 def _tile_t(k, q, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
             SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr,
-            MASKED: tl.constexpr):
+            MASKED: tl.constexpr, EVEN: tl.constexpr):
     """:func:`_tile` transposed: keys ``j`` along rows, queries ``i`` along columns, as the
     dK/dV kernel computes (``Sᵀ = K Qᵀ``, so neither ``Pᵀ dO`` nor ``dSᵀ Q`` transposes a
     tile held in registers). ``rows_ok``/``cols_ok`` are still the queries'/keys'."""
@@ -269,13 +278,19 @@ def _tile_t(k, q, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
         t = _tanh(s / cap)
         s = cap * t
         dmod = 1.0 - t * t
-    visible = cols_ok[:, None] & rows_ok[None, :]
+    s = s * 1.4426950408889634
     if MASKED:
         r = tl.arange(0, BLOCK_M)
         c = tl.arange(0, BLOCK_N)
         at = keep_at + r[None, :] * SPARSE_N + c[:, None]
-        visible = visible & (tl.load(at, mask=rows_ok[None, :], other=1) != 0)
-    return tl.where(visible, s * 1.4426950408889634, float("-inf")), dmod
+        if EVEN:
+            s = tl.where(tl.load(at) != 0, s, float("-inf"))
+        else:
+            keep = tl.load(at, mask=rows_ok[None, :], other=1) != 0
+            s = tl.where(keep & cols_ok[:, None] & rows_ok[None, :], s, float("-inf"))
+    elif not EVEN:
+        s = tl.where(cols_ok[:, None] & rows_ok[None, :], s, float("-inf"))
+    return s, dmod
 
 
 @triton.jit
@@ -283,18 +298,23 @@ def _dkdv_step(dk, dvacc, k, v, Q, DO, LSE, DELTA, h, j, cols_ok, qt, keep_at, m
                sqt, sdt, T, D, DV, d, dv, offset, cap, scale, bh, DROP, keep_scale,
                SCORE_MOD: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
                UPCAST: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr, MASKED: tl.constexpr):
+               BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr, MASKED: tl.constexpr,
+               EVEN: tl.constexpr):
     """``(dk, dv)`` plus query tile ``qt``'s share (``Q``, ``DO`` at this ``(b, h)``),
     computed transposed (keys along rows)."""
     i = qt * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_ok = i < T
-    q = load_tile(Q, i, rows_ok, sqt, D, d, True, EVEN_D)
-    do = load_tile(DO, i, rows_ok, sdt, DV, dv, True, EVEN_D)
+    q = load_tile(Q, i, rows_ok, sqt, D, d, not EVEN, EVEN_D)
+    do = load_tile(DO, i, rows_ok, sdt, DV, dv, not EVEN, EVEN_D)
     at = h * T + i
     lse = tl.load(LSE + at, mask=rows_ok, other=float("inf")) * 1.4426950408889634
     delta = tl.load(DELTA + at, mask=rows_ok, other=0.0)
+    # Without the edge masks on the scores, a score mod's dK/dV spilled registers in its
+    # loops (sm_90, triton 3.6: 21 local loads and stores a step with ALiBi, 31 with
+    # soft-cap, where they kept none): only whole mask-only tiles drop them.
     s, dmod = _tile_t(k, q, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
-                      SCORE_MOD, PRECISION, UPCAST, BLOCK_M, BLOCK_N, SPARSE_N, MASKED)
+                      SCORE_MOD, PRECISION, UPCAST, BLOCK_M, BLOCK_N, SPARSE_N, MASKED,
+                      EVEN and SCORE_MOD == 0)
     p = tl.math.exp2(s - lse[None, :])  # Pᵀ (BLOCK_N, BLOCK_M)
     dp = matmul(v, tl.trans(do), PRECISION, UPCAST)  # dPᵀ
     p_applied = p
@@ -316,7 +336,7 @@ def flex_backward_dq(
     H, G, T, S, D, DV, nQ, nK, BB, HB, HT, scale, offset, cap, keep_scale,
     SCORE_MOD: tl.constexpr, GRAD_MOD: tl.constexpr, DROPOUT: tl.constexpr,
     PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, EVEN_D: tl.constexpr, SPARSE_M: tl.constexpr,
+    UPCAST: tl.constexpr, EVEN_D: tl.constexpr, EVEN: tl.constexpr, SPARSE_M: tl.constexpr,
     SPARSE_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
@@ -333,8 +353,8 @@ def flex_backward_dq(
     rows_ok = i < T
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
-    q = load_tile(Q + b * sqb + h * sqh, i, rows_ok, sqt, D, d, True, EVEN_D)
-    do = load_tile(DO + b * sdb + h * sdh, i, rows_ok, sdt, DV, dv, True, EVEN_D)
+    q = load_tile(Q + b * sqb + h * sqh, i, rows_ok, sqt, D, d, not EVEN, EVEN_D)
+    do = load_tile(DO + b * sdb + h * sdh, i, rows_ok, sdt, DV, dv, not EVEN, EVEN_D)
     at = (b * H + h) * T + i
     lse = tl.load(LSE + at, mask=rows_ok, other=float("inf")) * 1.4426950408889634
     delta = tl.load(DELTA + at, mask=rows_ok, other=0.0)
@@ -351,14 +371,14 @@ def flex_backward_dq(
         dq = _dq_step(dq, q, do, lse, delta, K, V, i, rows_ok, kt, keep_at, mod_at,
                       dmod_at, sks, svs, S, D, DV, d, dv, offset, cap, scale, b * H + h,
                       DROP, keep_scale, SCORE_MOD, GRAD_MOD, DROPOUT, PRECISION, UPCAST,
-                      EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, True)
+                      EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, True, EVEN)
     for n in range(part, tl.load(KV_COUNT + row) * SUBS):
         kt, keep_at = _visited(KV_IDX, SLOT, KEEP, row * nK, n, row * nK, 1, r0, SPARSE_M,
                                SPARSE_N, SUBS, True, False)
         dq = _dq_step(dq, q, do, lse, delta, K, V, i, rows_ok, kt, keep_at, mod_at,
                       dmod_at, sks, svs, S, D, DV, d, dv, offset, cap, scale, b * H + h,
                       DROP, keep_scale, SCORE_MOD, GRAD_MOD, DROPOUT, PRECISION, UPCAST,
-                      EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, False)
+                      EVEN_D, BLOCK_M, BLOCK_N, SPARSE_N, False, EVEN)
     tl.store(DQ + at[:, None] * D + d[None, :], (dq * scale).to(DQ.dtype.element_ty),
              mask=rows_ok[:, None] & (d[None, :] < D))
 
@@ -369,7 +389,7 @@ def flex_backward_dkdv(
     sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, sdb, sdh, sdt,
     H, G, T, S, D, DV, nQ, nK, BB, HB, HT, scale, offset, cap, keep_scale,
     SCORE_MOD: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
+    UPCAST: tl.constexpr, EVEN_D: tl.constexpr, EVEN: tl.constexpr,
     SPARSE_M: tl.constexpr, SPARSE_N: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
@@ -385,8 +405,8 @@ def flex_backward_dkdv(
     cols_ok = j < S
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
-    k = load_tile(K + b * skb + hkv * skh, j, cols_ok, sks, D, d, True, EVEN_D)
-    v = load_tile(V + b * svb + hkv * svh, j, cols_ok, svs, DV, dv, True, EVEN_D)
+    k = load_tile(K + b * skb + hkv * skh, j, cols_ok, sks, D, d, not EVEN, EVEN_D)
+    v = load_tile(V + b * svb + hkv * svh, j, cols_ok, svs, DV, dv, not EVEN, EVEN_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dvacc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     for g in range(0, G):
@@ -404,7 +424,7 @@ def flex_backward_dkdv(
                                    cols_ok, qt, keep_at, mod_at, sqt, sdt, T, D, DV, d, dv,
                                    offset, cap, scale, b * H + h, DROP, keep_scale,
                                    SCORE_MOD, DROPOUT, PRECISION, UPCAST, EVEN_D, BLOCK_M,
-                                   BLOCK_N, SPARSE_N, True)
+                                   BLOCK_N, SPARSE_N, True, EVEN)
         for n in range(part, tl.load(Q_COUNT + column) * SUBS):
             qt, keep_at = _visited(Q_IDX, SLOT, KEEP, column * nQ, n, plane * nQ * nK + kb,
                                    nK, c0, SPARSE_M, SPARSE_N, SUBS, False, False)
@@ -412,7 +432,7 @@ def flex_backward_dkdv(
                                    cols_ok, qt, keep_at, mod_at, sqt, sdt, T, D, DV, d, dv,
                                    offset, cap, scale, b * H + h, DROP, keep_scale,
                                    SCORE_MOD, DROPOUT, PRECISION, UPCAST, EVEN_D, BLOCK_M,
-                                   BLOCK_N, SPARSE_N, False)
+                                   BLOCK_N, SPARSE_N, False, EVEN)
     at = (b * Hkv + hkv) * S + j
     tl.store(DK + at[:, None] * D + d[None, :], (dk * scale).to(DK.dtype.element_ty),
              mask=cols_ok[:, None] & (d[None, :] < D))

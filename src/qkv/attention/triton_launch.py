@@ -259,6 +259,9 @@ def _flex_args(q, k, v, tab, block_mask, mod, kind, dropout=False):
                  UPCAST=interpreting() and q.dtype == torch.bfloat16)
     flags["EVEN_D"] = flags["BLOCK_D"] == D and flags["BLOCK_DV"] == v.shape[-1]
     bq, bk = block_mask.block_size
+    # T and S whole blocks: every tile lies inside T × S, so no load or score needs the edge
+    # masks (torch's flex kernels' IS_DIVISIBLE).
+    flags["EVEN"] = T % bq == 0 and k.shape[2] % bk == 0
     t = triton_plan.flex_tiles(kind, (bq, bk), max(D, v.shape[-1]), q.dtype, dropout)
     launch = dict(SPARSE_M=bq, SPARSE_N=bk, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                   num_warps=t.warps, num_stages=t.stages)

@@ -11,7 +11,10 @@ kernel it reports what decides speed before any timing can:
   local memory and read back each iteration);
 - ``shared_bytes`` and ``pipelined`` (whether the loads became asynchronous copies, which is
   what ``num_stages`` buys);
-- ``programs_per_sm`` (occupancy from registers, shared memory and warps) and the grid.
+- ``programs_per_sm`` (occupancy from registers, shared memory and warps) and the grid;
+- ``loops``: the machine instructions (SASS) of each loop body, and how many of them read or
+  write local memory (spilled registers), the largest first: what one step of a kernel's
+  main loop costs before any memory is read.
 
 It is how tile sizes are chosen between GPU sessions: a tile that spills or does not pipeline
 is not worth a GPU minute. ``python -m benchmarks.triton_static`` prints the table.
@@ -20,16 +23,17 @@ is not worth a GPU minute. ``python -m benchmarks.triton_static`` prints the tab
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Compiled", "compiled_launches", "launches_recorded"]
+__all__ = ["Compiled", "compiled_launches", "launches_recorded", "loop_bodies"]
 
 _REGISTERS_PER_SM = 65536
 _MAX_WARPS_PER_SM = 64
@@ -47,6 +51,12 @@ class Compiled:
     spill_bytes: int
     shared_bytes: int
     pipelined: bool
+    cubin: bytes = field(default=b"", repr=False)
+
+    @functools.cached_property
+    def loops(self) -> tuple[tuple[int, int], ...]:
+        """``(instructions, local loads and stores)`` of each loop body, largest first."""
+        return _loops(self.cubin)
 
     @property
     def warps(self) -> int:
@@ -83,19 +93,48 @@ class _StandInDriver:
         return True
 
 
-def _usage(kernel) -> tuple[int, int]:
-    """``(registers, stack bytes)`` of a compiled kernel's cubin, from ``cuobjdump``."""
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    """``cuobjdump <flag>`` of a compiled kernel (the cuobjdump Triton ships)."""
     import triton
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
                         "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
+        f.write(cubin)
         f.flush()
-        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True,
-                              text=True, check=True).stdout
-    found = re.search(r"REG:(\d+) STACK:(\d+)", text)
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def _usage(cubin: bytes) -> tuple[int, int]:
+    """``(registers, stack bytes)`` of a compiled kernel."""
+    found = re.search(r"REG:(\d+) STACK:(\d+)", _cuobjdump(cubin, "--dump-resource-usage"))
     return int(found.group(1)), int(found.group(2))
+
+
+_SASS = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+_BRANCH = re.compile(r"\bBRA\b.*?0x([0-9a-f]+)")
+_LOCAL = re.compile(r"\b(LDL|STL)\b")
+
+
+def _loops(cubin: bytes) -> tuple[tuple[int, int], ...]:
+    return loop_bodies(_cuobjdump(cubin, "-sass"))
+
+
+def loop_bodies(sass: str) -> tuple[tuple[int, int], ...]:
+    """``(instructions, local loads and stores)`` of each loop in a ``cuobjdump -sass``
+    listing, largest first: a loop is a branch back to an earlier instruction, its body the
+    instructions from there to the branch."""
+    code = [(int(at, 16), text) for at, text in _SASS.findall(sass)]
+    index = {at: n for n, (at, _) in enumerate(code)}
+    bodies = []
+    for n, (at, text) in enumerate(code):
+        target = _BRANCH.search(text)
+        start = index.get(int(target.group(1), 16)) if target else None
+        if start is not None and code[start][0] < at:
+            body = [t for _, t in code[start:n + 1]]
+            bodies.append((len(body), sum(bool(_LOCAL.search(t)) for t in body)))
+    return tuple(sorted(bodies, reverse=True))
 
 
 def _compile(kernel, grid, args, options) -> Compiled:
@@ -105,9 +144,10 @@ def _compile(kernel, grid, args, options) -> Compiled:
             "imports triton without TRITON_INTERPRET=1 (as python -m benchmarks.triton_static "
             "does)")
     compiled = kernel.warmup(*args, grid=grid, **options)
-    registers, stack = _usage(compiled)
+    cubin = compiled.asm["cubin"]
+    registers, stack = _usage(cubin)
     return Compiled(kernel.__name__, tuple(grid), dict(options), registers, stack,
-                    compiled.metadata.shared, "cp.async" in compiled.asm["ptx"])
+                    compiled.metadata.shared, "cp.async" in compiled.asm["ptx"], cubin)
 
 
 @contextlib.contextmanager
