@@ -68,19 +68,23 @@ def _tile(q, k, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
     keep tile, rows ``SPARSE_N`` apart) or the edges hide a key (none with ``EVEN``: every
     tile inside ``T × S``); and ``d mod / d s`` (soft-cap: ``1 - tanh²``; meaningless
     otherwise)."""
-    s = matmul(q, tl.trans(k), PRECISION, UPCAST) * scale  # natural units
-    dmod = s
-    if SCORE_MOD == 1:
-        distance = tl.abs(i[:, None] + offset - j[None, :]).to(tl.float32)
-        s = s - tl.load(mod_at) * distance
-    if SCORE_MOD == 3:
-        ok = rows_ok[:, None] & cols_ok[None, :]
-        s = s + tl.load(mod_at + (j[None, :] - i[:, None]), mask=ok, other=0.0)
-    if SCORE_MOD == 2:
-        t = _tanh(s / cap)
-        s = cap * t
-        dmod = 1.0 - t * t
-    s = s * 1.4426950408889634
+    if SCORE_MOD == 0:  # base 2 at once: one multiply a score
+        s = matmul(q, tl.trans(k), PRECISION, UPCAST) * (scale * 1.4426950408889634)
+        dmod = s
+    else:  # the score mods act in natural units
+        s = matmul(q, tl.trans(k), PRECISION, UPCAST) * scale
+        dmod = s
+        if SCORE_MOD == 1:
+            distance = tl.abs(i[:, None] + offset - j[None, :]).to(tl.float32)
+            s = s - tl.load(mod_at) * distance
+        if SCORE_MOD == 3:
+            ok = rows_ok[:, None] & cols_ok[None, :]
+            s = s + tl.load(mod_at + (j[None, :] - i[:, None]), mask=ok, other=0.0)
+        if SCORE_MOD == 2:
+            t = _tanh(s / cap)
+            s = cap * t
+            dmod = 1.0 - t * t
+        s = s * 1.4426950408889634
     if MASKED:
         r = tl.arange(0, BLOCK_M)
         c = tl.arange(0, BLOCK_N)
@@ -266,19 +270,23 @@ def _tile_t(k, q, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
     """:func:`_tile` transposed: keys ``j`` along rows, queries ``i`` along columns, as the
     dK/dV kernel computes (``Sᵀ = K Qᵀ``, so neither ``Pᵀ dO`` nor ``dSᵀ Q`` transposes a
     tile held in registers). ``rows_ok``/``cols_ok`` are still the queries'/keys'."""
-    s = matmul(k, tl.trans(q), PRECISION, UPCAST) * scale  # (BLOCK_N, BLOCK_M)
-    dmod = s
-    if SCORE_MOD == 1:
-        distance = tl.abs(i[None, :] + offset - j[:, None]).to(tl.float32)
-        s = s - tl.load(mod_at) * distance
-    if SCORE_MOD == 3:
-        ok = cols_ok[:, None] & rows_ok[None, :]
-        s = s + tl.load(mod_at + (j[:, None] - i[None, :]), mask=ok, other=0.0)
-    if SCORE_MOD == 2:
-        t = _tanh(s / cap)
-        s = cap * t
-        dmod = 1.0 - t * t
-    s = s * 1.4426950408889634
+    if SCORE_MOD == 0:  # base 2 at once: one multiply a score
+        s = matmul(k, tl.trans(q), PRECISION, UPCAST) * (scale * 1.4426950408889634)
+        dmod = s
+    else:  # (BLOCK_N, BLOCK_M), natural units for the score mods
+        s = matmul(k, tl.trans(q), PRECISION, UPCAST) * scale
+        dmod = s
+        if SCORE_MOD == 1:
+            distance = tl.abs(i[None, :] + offset - j[:, None]).to(tl.float32)
+            s = s - tl.load(mod_at) * distance
+        if SCORE_MOD == 3:
+            ok = cols_ok[:, None] & rows_ok[None, :]
+            s = s + tl.load(mod_at + (j[:, None] - i[None, :]), mask=ok, other=0.0)
+        if SCORE_MOD == 2:
+            t = _tanh(s / cap)
+            s = cap * t
+            dmod = 1.0 - t * t
+        s = s * 1.4426950408889634
     if MASKED:
         r = tl.arange(0, BLOCK_M)
         c = tl.arange(0, BLOCK_N)
