@@ -66,7 +66,7 @@ def values_unknown(t: torch.Tensor) -> bool:
 
     Value checks (ids in range, a 0/1 mask) are skipped then; everything else is checked.
     """
-    if torch.compiler.is_compiling() or t.device.type == "meta":
+    if torch.compiler.is_compiling() or t.is_meta:
         return True
     if type(t) is torch.Tensor and not torch._is_functional_tensor(t) \
             and not torch._C._functorch.is_functorch_wrapped_tensor(t):

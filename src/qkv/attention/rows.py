@@ -99,7 +99,7 @@ def poison_rows(t: Tensor, query: Tensor) -> Tensor:
     """
     if _all_finite_on_cpu(query):
         return t  # the usual case, found with one summing pass over q
-    worst = row_abs_max(query.detach(), one_kernel=query.device.type == "cuda")  # (B, H, T, 1)
+    worst = row_abs_max(query.detach(), one_kernel=query.is_cuda)  # (B, H, T, 1)
     return torch.add(t, worst.to(t.dtype), alpha=0)  # 0·(NaN or inf) is NaN, 0·x is 0
 
 
@@ -131,7 +131,7 @@ def _all_finite_on_cpu(query: Tensor) -> bool:
     tracing, on other devices or under ``torch.func`` transforms, where the value is not
     readable or would cost a sync.
     """
-    if query.device.type != "cpu" or query.numel() < FINITE_READ_MIN or values_unknown(query):
+    if not query.is_cpu or query.numel() < FINITE_READ_MIN or values_unknown(query):
         return False
     if torch._C._functorch.is_functorch_wrapped_tensor(query):
         return False

@@ -200,13 +200,15 @@ def _finish(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Restore the caller's leading dimensions."""
     lead = call.batch_shape
-    out = out.reshape(*lead, *out.shape[1:])  # (..., H, T, Dv)
+    if len(lead) != 1:  # (one leading dimension is B itself: nothing to restore)
+        out = out.reshape(*lead, *out.shape[1:])  # (..., H, T, Dv)
     if call.squeeze_heads:
         out = out[0]  # (T, Dv)
     if not call.need_weights:
         return out
     assert weights is not None
-    weights = weights.reshape(*lead, *weights.shape[1:])  # (..., H, T, S)
+    if len(lead) != 1:
+        weights = weights.reshape(*lead, *weights.shape[1:])  # (..., H, T, S)
     if call.squeeze_heads:
         weights = weights[0]  # (T, S)
     return out, weights

@@ -58,7 +58,7 @@ def why_not(call: AttentionCall) -> str | None:
     if call.T == 0 or call.S == 0:
         return "empty sequence (T or S is 0)"
     if call.need_weights:
-        if call.query.device.type != "cpu" or CPU_FLASH is None or not NATIVE_DEAD_ROWS:
+        if not call.query.is_cpu or CPU_FLASH is None or not NATIVE_DEAD_ROWS:
             return "the fused kernel does not return attention weights"
         if call.dropout_p > 0.0:
             return "weights after dropout cannot be rebuilt from the log-sum-exp"
@@ -73,7 +73,7 @@ def why_not(call: AttentionCall) -> str | None:
 
 def _why_not_lse(call: AttentionCall) -> str | None:
     """Why torch's CPU flash kernel cannot give this call's log-sum-exp, or ``None``."""
-    if call.query.device.type != "cpu" or CPU_FLASH is None or not NATIVE_DEAD_ROWS:
+    if not call.query.is_cpu or CPU_FLASH is None or not NATIVE_DEAD_ROWS:
         return "only torch's CPU flash kernel returns the log-sum-exp"
     if call.dropout_p > 0.0:
         return "torch's CPU flash kernel (the one returning the log-sum-exp) has no dropout"
@@ -109,7 +109,7 @@ def prefer_not(call: AttentionCall) -> str | None:
             f"dtype: the {call.mask.dtype} mask would be rounded to {call.query.dtype}"
         )
     half = call.query.dtype in (torch.float16, torch.bfloat16)
-    if half and call.query.device.type == "cpu" and not half_precision_units():
+    if half and call.query.is_cpu and not half_precision_units():
         # Measured (qkv/bench/suite.py, 2-core AVX2 CPU): torch's half-precision CPU backward
         # is ~4x slower than flash's, and its one-query decode ~1.6x slower up to S = 8192.
         # With AVX-512 (bf16, fp16) and AMX units torch's kernel wins everywhere instead:
@@ -140,14 +140,14 @@ def _rounds_mask(call: AttentionCall) -> bool:
     """Whether handing ``call``'s float mask to torch would round it (off the CPU, a float32
     mask with half-precision queries: up to 2⁻⁹ of each entry lost, 0.25 at a logit of 100)."""
     m = call.mask
-    return (call.query.device.type != "cpu" and m is not None and m.is_floating_point()
+    return (not call.query.is_cpu and m is not None and m.is_floating_point()
             and m.dtype != call.query.dtype)
 
 
 def _mask_dtype(call: AttentionCall) -> torch.dtype:
     """Dtype of a float mask handed to torch: float32 for half-precision queries on CPU."""
     q = call.query
-    return accumulation_dtype(q.dtype) if q.device.type == "cpu" else q.dtype
+    return accumulation_dtype(q.dtype) if q.is_cpu else q.dtype
 
 
 def run(call: AttentionCall) -> tuple[Tensor, Tensor | None]:
@@ -164,7 +164,7 @@ def _output(call: AttentionCall) -> Tensor:
     q, k, v = call.query, call.key, call.value
     B, H, T, D = q.shape
     G = call.groups
-    if call.plain and G > 1 and q.device.type == "cpu":
+    if call.plain and G > 1 and q.is_cpu:
         # No mask depends on the query index, so the G query heads of a group can ride
         # along the query length: one call, K and V read once and never copied. Not on a GPU,
         # whose kernels take grouped heads themselves: there the fold hid a decoding step from
@@ -187,9 +187,9 @@ def _output(call: AttentionCall) -> Tensor:
     # check costs one host read and is skipped where torch zeroes them itself; on a GPU the
     # rows are opened unconditionally (no host sync).
     dead = None
-    if mask is not None and (not NATIVE_DEAD_ROWS or q.device.type != "cpu"):
+    if mask is not None and (not NATIVE_DEAD_ROWS or not q.is_cpu):
         dead = dead_rows(mask)  # (B|1, H|1, T, 1)
-        if q.device.type == "cpu" and not bool(dead.any()):
+        if q.is_cpu and not bool(dead.any()):
             dead = None
     if dead is not None:
         mask = mask | dead if mask.dtype == torch.bool else mask.masked_fill(dead, 0.0)

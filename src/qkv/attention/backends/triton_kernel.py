@@ -43,7 +43,7 @@ MAX_HEAD_WIDTH = 256
 def why_not(call: AttentionCall) -> str | None:
     """Reasons the triton backend cannot honour ``call``, or ``None``."""
     q = call.query
-    if q.device.type != "cuda" and not (q.device.type == "cpu" and interpreting()):
+    if not q.is_cuda and not (q.is_cpu and interpreting()):
         return f"runs on CUDA tensors (got {q.device.type}; TRITON_INTERPRET=1 runs it on CPU)"
     if values_unknown(q):  # before the import check: a trace must not reach an import
         return "tracing (torch.compile, export or the meta device): the kernels run eagerly"
@@ -66,7 +66,7 @@ def why_not(call: AttentionCall) -> str | None:
 
 def prefer_not(call: AttentionCall) -> str | None:
     """Why ``auto`` leaves a call it could run to the next backend, or ``None``."""
-    if call.query.device.type == "cpu":
+    if call.query.is_cpu:
         return "interpreted on the CPU (TRITON_INTERPRET=1): for testing, not speed"
     return None
 
@@ -116,11 +116,23 @@ def attend(call: AttentionCall) -> tuple[Tensor, Tensor]:
         scale=call.scale, causal=call.causal, window=call.window,
         alibi_shift=call.alibi_shift, dropout_p=call.dropout_p,
     )
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _TritonFunction.apply(q, k, v, call.mask, call.alibi, keep, spec)
-    from qkv.attention.triton_launch import forward
+    return _launches().forward(q, k, v, call.mask, call.alibi, keep, spec)
 
-    return forward(q, k, v, call.mask, call.alibi, keep, spec)
+
+def _launches():
+    """:mod:`qkv.attention.triton_launch`, imported at the first call (it imports triton),
+    and from then on read from here (an import statement costs ~0.5 µs a call)."""
+    global _LAUNCHES
+    if _LAUNCHES is None:
+        from qkv.attention import triton_launch
+
+        _LAUNCHES = triton_launch
+    return _LAUNCHES
+
+
+_LAUNCHES = None
 
 
 class _TritonFunction(torch.autograd.Function):
