@@ -29,7 +29,7 @@ NUMERIC_TESTS = tests/attention tests/nn tests/models tests/generate tests/pretr
 # Less the triton backend's: Triton's interpreter computes its kernels in NumPy, which these
 # variables do not reach (only the float64 references would change); the first pass ran them.
 INTERPRETED = tests/attention/test_triton.py tests/attention/test_triton_flex.py \
-  tests/attention/test_triton_paged.py
+  tests/attention/test_triton_paged.py tests/attention/test_triton_plan.py
 test-avx2: $(VENV)/.stamp-test
 	@if [ "$(CAPABILITY)" = "AVX2" ]; then \
 	  echo "this CPU's kernels are AVX2: the first pass tested them"; \

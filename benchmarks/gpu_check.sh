@@ -23,7 +23,8 @@ summary() { grep -E "^(FAILED|ERROR)|passed|failed|error" "$1" | cut -c1-240 | t
 echo "== 1. the triton kernels, compiled (tests/attention/test_triton*.py)"
 QKV_TEST_DEVICE=cuda timeout -s INT "${TRITON_SECONDS:-90}" $PY -m pytest -q -p no:cacheprovider \
   -n 8 -rfE --tb=short tests/attention/test_triton_paged.py tests/attention/test_triton.py \
-  tests/attention/test_triton_flex.py >"$OUT/gpu-triton-$gpu.log" 2>&1
+  tests/attention/test_triton_flex.py tests/attention/test_triton_plan.py \
+  >"$OUT/gpu-triton-$gpu.log" 2>&1
 summary "$OUT/gpu-triton-$gpu.log" 20
 
 echo "== 2. tile sweep (benchmarks/triton_tiles.py; TILES_SECONDS=0 skips it)"
