@@ -180,7 +180,7 @@ def paged_forward(q: Tensor, k_pool: Tensor, v_pool: Tensor, tables: Tensor,
     ``positions (B, T)`` (int64) seeing its sequence's keys up to it; ``(B, H, T, Dv)``."""
     q = _unit_last(q)
     B, H, T, D = q.shape
-    Hkv, P, Dv = k_pool.shape[1], k_pool.shape[2], v_pool.shape[3]
+    Hkv, Dv = k_pool.shape[1], v_pool.shape[3]
     W = tables.shape[1]
     plan = kept((q.shape, k_pool.shape, v_pool.shape, W, q.dtype, q.device, "paged"),
                  lambda: _paged_plan(q, k_pool, v_pool, W))
@@ -189,7 +189,7 @@ def paged_forward(q: Tensor, k_pool: Tensor, v_pool: Tensor, tables: Tensor,
         q, k_pool, v_pool, tables.contiguous(), positions.contiguous(), o_buf, l_buf,
         *q.stride()[:3], *k_pool.stride()[:3], *v_pool.stride()[:3], *o_buf.stride()[1:4],
         *l_buf.stride()[1:3], o_buf.stride(0), l_buf.stride(0),
-        H, H // Hkv, T, D, Dv, W, P, plan.split_len, scale,
+        H, H // Hkv, T, D, Dv, W, plan.split_len, scale,
     ), plan.options)
     return _merged(o_buf, l_buf, q.dtype, plan)[0]
 
@@ -203,7 +203,7 @@ def _paged_plan(q: Tensor, k_pool: Tensor, v_pool: Tensor, W: int) -> Plan:
     row_blocks = -(-G * T // t.block_m)
     n, split_len = split_keys(S, splits(q, row_blocks * B * Hkv, S, t.block_n, t.resident),
                               t.block_n)
-    flags = dict(PRECISION=precision(q.dtype), BLOCK_D=pow2(D), BLOCK_DV=pow2(Dv),
+    flags = dict(P=P, PRECISION=precision(q.dtype), BLOCK_D=pow2(D), BLOCK_DV=pow2(Dv),
                  UPCAST=interpreting() and q.dtype == torch.bfloat16)
     flags["EVEN_D"] = flags["BLOCK_D"] == D and flags["BLOCK_DV"] == Dv
     return Plan((row_blocks, B * Hkv, n), n, split_len, flags | tile_options(t),

@@ -32,9 +32,11 @@ from qkv.attention.triton_kernels import (
 
 
 @triton.jit
-def _page_rows(POOL, TABLE, b, hkv, j, ok, W, P, snp, snh, snt, cols, width,
+def _page_rows(POOL, TABLE, b, hkv, j, ok, W, snp, snh, snt, cols, width, P: tl.constexpr,
                EVEN_D: tl.constexpr):
-    """Keys (or values) ``j`` of sequence ``b``, head ``hkv``: each row from its page."""
+    """Keys (or values) ``j`` of sequence ``b``, head ``hkv``: each row from its page (``P``
+    a constant: its page and offset a shift and a mask for a power of two, where a runtime
+    ``P`` divided 64-bit integers in a subroutine, each key of each tile)."""
     page = tl.load(TABLE + b * W + j // P, mask=ok, other=0)
     at = (POOL + page[:, None] * snp + hkv * snh + (j % P)[:, None].to(tl.int64) * snt
           + cols[None, :])
@@ -47,8 +49,8 @@ def _page_rows(POOL, TABLE, b, hkv, j, ok, W, P, snp, snh, snt, cols, width,
 def paged_forward(
     Q, K_POOL, V_POOL, TABLE, POS, O, L,
     sqb, sqh, sqt, skn, skh, skt, svn, svh, svt, sob, soh, sot, slb, slh, so_split, sl_split,
-    H, G, T, D, DV, W, P, split_len, scale,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
+    H, G, T, D, DV, W, split_len, scale,
+    P: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
@@ -72,8 +74,8 @@ def paged_forward(
     for j0 in range(lo, hi, BLOCK_N):
         j = j0 + tl.arange(0, BLOCK_N)
         ok = j < hi
-        k = _page_rows(K_POOL, TABLE, b, hkv, j, ok, W, P, skn, skh, skt, d, D, EVEN_D)
-        v = _page_rows(V_POOL, TABLE, b, hkv, j, ok, W, P, svn, svh, svt, dv, DV, EVEN_D)
+        k = _page_rows(K_POOL, TABLE, b, hkv, j, ok, W, skn, skh, skt, d, D, P, EVEN_D)
+        v = _page_rows(V_POOL, TABLE, b, hkv, j, ok, W, svn, svh, svt, dv, DV, P, EVEN_D)
         s = matmul(q, tl.trans(k), PRECISION, UPCAST) * scale
         s = tl.where(j[None, :] <= pos[:, None], s, float("-inf"))
         m, l, acc = softmax_step(m, l, acc, s, v, s, 1.0, PRECISION, UPCAST, 0)
