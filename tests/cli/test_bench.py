@@ -305,3 +305,35 @@ def test_the_gpu_suite_runs_every_case_dry_on_the_cpu(tmp_path):
               for name, impl in r.get("impls", {}).items()
               if not name.startswith("torch") and "median_ms" not in impl]
     assert not broken and not any("error" in r for r in records), broken
+
+
+def test_decoding_cases_record_kernel_time_or_the_profilers_error(monkeypatch):
+    """The decode and paged groups add the device time of a call's kernels (``kernel_ms``,
+    torch's profiler, CUDA only): nothing on the CPU, the time and its ratio to the base
+    where measured, and the profiler's error (the timings kept) where it fails."""
+    from qkv.bench import gpu
+
+    cpu = torch.device("cpu")
+    q = torch.randn(1, 2, 1, 8)
+
+    def case(group):
+        def build(dev, sh):
+            return (q,), {"triton": lambda x: x * 2, "other": lambda x: x + 1}, lambda: q
+        return dict(name=group, group=group, shapes=dict(B=1, H=2, T=1, S=1), bwd=False,
+                    build=build, base="triton")
+
+    rec = gpu.run_case(case("decode"), cpu, 0, 1)
+    assert all("kernel_ms" not in r and "median_ms" in r for r in rec["impls"].values())
+    monkeypatch.setattr(gpu, "kernel_ms", lambda fn, dev: 0.5 if fn() is not None else None)
+    rec = gpu.run_case(case("paged"), cpu, 0, 1)
+    assert {n: r["kernel_ms"] for n, r in rec["impls"].items()} == {"triton": 0.5,
+                                                                     "other": 0.5}
+    assert rec["kernel_ratios"] == {"other": 1.0}
+    assert "kernel_ms" not in gpu.run_case(case("dense"), cpu, 0, 1)["impls"]["triton"]
+
+    def broken(fn, dev):
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+    monkeypatch.setattr(gpu, "kernel_ms", broken)
+    rec = gpu.run_case(case("decode"), cpu, 0, 1)
+    assert "CUPTI_ERROR_NOT_INITIALIZED" in rec["impls"]["triton"]["kernel_error"]
+    assert "median_ms" in rec["impls"]["triton"], "a profiler failure keeps the timings"

@@ -19,7 +19,10 @@ first call apart (``first_s``: JIT, compile), ``warmup`` calls, then median and 
 ``repeats``. ``ratios[impl] = impl_ms / base_ms`` (> 1: the base, triton unless said, is
 faster); fwd+bwd cases also time the backward alone (``bwd_*``); forward cases also time
 20 calls back to back (``stream_ms``, ``stream_ratios``: a decoding loop's view, where the
-host's work for one call overlaps the device's for the last). ``max_err``: max |impl -
+host's work for one call overlaps the device's for the last); decoding cases (groups
+``decode`` and ``paged``) also the device time of the kernels a call launches, from torch's
+profiler (``kernel_ms``, ``kernel_ratios``: the call less the host's time to launch it).
+``max_err``: max |impl -
 float64 math| on forward cases where cheap (T <= 1024). Errors are recorded per case and
 implementation; the suite goes on.
 """
@@ -83,6 +86,23 @@ def stream_ms(fn, dev: torch.device, calls: int = 20) -> float:
     return (time.perf_counter() - t0) * 1e3 / calls
 
 
+def kernel_ms(fn, dev: torch.device, calls: int = 10) -> float | None:
+    """Milliseconds of device time the kernels of one ``fn()`` call take (and its copies and
+    fills), summed from torch's profiler (CUPTI) over ``calls`` calls: the call's cost to the
+    GPU alone, which :func:`time_ms` adds the host's launch time to. None off CUDA."""
+    if dev.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    _sync(dev)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        _sync(dev)
+    return sum(e.self_device_time_total for e in prof.key_averages()) / calls / 1e3
+
+
 def _error(e: Exception, warned=()) -> str:
     why = "; ".join(str(w.message)[:200] for w in warned[:2])
     return f"{type(e).__name__}: {e}"[:400] + (f" [warned: {why}]" if why else "")
@@ -104,10 +124,12 @@ def run_case(case: dict, dev: torch.device, warmup: int, repeats: int) -> dict:
             try:
                 res[name] = {"skipped": fn} if isinstance(fn, str) else _time_impl(
                     fn, inputs, case["bwd"], dev, warmup, repeats)
+                if case["group"] in ("decode", "paged") and "median_ms" in res[name]:
+                    res[name] |= _kernel_time(fn, inputs, dev)
             except Exception as e:
                 res[name] = {"error": _error(e, warned)}
     for key, out in (("median_ms", "ratios"), ("bwd_median_ms", "bwd_ratios"),
-                     ("stream_ms", "stream_ratios")):
+                     ("stream_ms", "stream_ratios"), ("kernel_ms", "kernel_ratios")):
         if key in res.get(case["base"], {}):
             rec[out] = {n: r[key] / res[case["base"]][key] for n, r in res.items()
                         if key in r and n != case["base"]}
@@ -121,6 +143,16 @@ def run_case(case: dict, dev: torch.device, warmup: int, repeats: int) -> dict:
         except Exception as e:
             rec["max_err"] = {"error": _error(e)}
     return rec
+
+
+def _kernel_time(fn, inputs, dev) -> dict:
+    """``{kernel_ms}``, ``{}`` off CUDA, or ``{kernel_error}`` where the profiler failed."""
+    try:
+        with torch.no_grad():
+            ms = kernel_ms(lambda: fn(*inputs), dev)
+    except Exception as e:
+        return {"kernel_error": _error(e)}
+    return {} if ms is None else {"kernel_ms": ms}
 
 
 def _time_impl(fn, inputs, bwd, dev, warmup, repeats) -> dict:
@@ -159,10 +191,11 @@ def _print(rec: dict) -> None:
         if "bwd_median_ms" in r:
             x = f"{bwd_ratios[n]:.3g}x" if n in bwd_ratios else ""
             line += f"  bwd {r['bwd_median_ms']:9.3f} {x:>8}"
-        if "stream_ms" in r:
-            streams = rec.get("stream_ratios", {})
-            x = f"{streams[n]:.3g}x" if n in streams else ""
-            line += f"  stream {r['stream_ms']:9.3f} {x:>8}"
+        for key, label in (("stream_ms", "stream"), ("kernel_ms", "kernels")):
+            if key in r:
+                shares = rec.get(key.replace("_ms", "_ratios"), {})
+                x = f"{shares[n]:.3g}x" if n in shares else ""
+                line += f"  {label} {r[key]:9.3f} {x:>8}"
         print(line + (f"  err {errs[n]:.2e}" if isinstance(errs.get(n), float) else ""))
 
 
@@ -195,7 +228,8 @@ def main(argv=None) -> int:
     print(f"{header['device']}; triton {triton_version}; {machine_line(info)}")
     print(f"ms: median and min of {repeats} after {warmup} warm-up; ratio = impl / base "
           f"(> 1: base faster); first: first call, s (JIT, compile); err: vs float64 math;\n"
-          f"stream: ms a call over 20 back-to-back calls (host work overlapping the device's)\n"
+          f"stream: ms a call over 20 back-to-back calls (host work overlapping the device's);\n"
+          f"kernels (decoding): ms of device time a call's kernels take (torch's profiler)\n"
           f"  {'impl':22} {'median':>10} {'min':>10} {'ratio':>8} {'first':>8}")
     groups = set(a.groups.split(",")) if a.groups else None
     records, t0 = [], time.perf_counter()
