@@ -109,7 +109,7 @@ def attention_backward_dq(
 
 @triton.jit
 def tile_scores_t(
-    k, q, b, h, i, j, rows_ok, cols_ok, M, SLOPES, KEEP,
+    k, q, b, h, i, j, j0, rows_ok, cols_ok, M, SLOPES, KEEP,
     smb, smh, smt, sms, H, T, S, scale, causal, window, alibi_shift,
     MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_ALIBI: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr,
@@ -118,14 +118,15 @@ def tile_scores_t(
     """:func:`~qkv.attention.triton_kernels.tile_scores` transposed, for one query head
     ``h`` (a scalar): scores ``(BN, BM)`` of keys ``j`` (rows) against queries ``i``
     (columns), and the dropout keep tile, so that ``Pᵀ·dO`` and ``dSᵀ·Q`` multiply tiles as
-    they come out of ``K·Qᵀ`` (no tile held in registers is transposed)."""
+    they come out of ``K·Qᵀ`` (no tile held in registers is transposed). ``j0``: the key
+    tile's first index (``j = j0 + arange``)."""
     s = matmul(k, tl.trans(q), PRECISION, UPCAST) * scale
     slope = s  # (unused without ALiBi)
     if HAS_ALIBI:
         slope = tl.load(SLOPES + h)
     s, keep = mask_tile(
         s, M, KEEP, b, h, i[None, :], j[:, None], cols_ok[:, None] & rows_ok[None, :], slope,
-        smb, smh, smt, sms, H, T, S, causal, window, alibi_shift,
+        smb, smh, smt, sms, H, T, S, causal, window, alibi_shift, j0,
         MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, DROPOUT, EDGE,
     )
     if DROPOUT == 2:
@@ -135,7 +136,7 @@ def tile_scores_t(
 
 @triton.jit
 def _dkdv_span(
-    dk, dvacc, k, v, Q_at, DO_at, LSE_at, DELTA_at, start, end, b, hs, j, cols_ok,
+    dk, dvacc, k, v, Q_at, DO_at, LSE_at, DELTA_at, start, end, b, hs, j, j_lo, cols_ok,
     M, SLOPES, KEEP, sqt, sdt, smb, smh, smt, sms, H, T, S, D, DV, scale, causal,
     window, alibi_shift, keep_scale, MASK_KIND: tl.constexpr, IS_CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
@@ -159,7 +160,7 @@ def _dkdv_span(
             lse = tl.load(LSE_at + i)
             delta = tl.load(DELTA_at + i)
         s, keep = tile_scores_t(
-            k, q, b, hs, i, j, rows_ok, cols_ok, M, SLOPES, KEEP, smb, smh, smt, sms,
+            k, q, b, hs, i, j, j_lo, rows_ok, cols_ok, M, SLOPES, KEEP, smb, smh, smt, sms,
             H, T, S, scale, causal, window, alibi_shift,
             MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, DROPOUT, PRECISION, UPCAST, EDGE,
         )
@@ -225,19 +226,19 @@ def attention_backward_dkdv(
         LSE_at = LSE + (b * H + hs) * T
         DELTA_at = DELTA + (b * H + hs) * T
         dk, dvacc = _dkdv_span(
-            dk, dvacc, k, v, Q_at, DO_at, LSE_at, DELTA_at, lo, a, b, hs, j, cols_ok,
+            dk, dvacc, k, v, Q_at, DO_at, LSE_at, DELTA_at, lo, a, b, hs, j, j_lo, cols_ok,
             M, SLOPES, KEEP, sqt, sdt, smb, smh, smt, sms, H, T, S, D, DV, scale2, causal,
             window, alibi_shift, keep_scale, MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI,
             DROPOUT, PRECISION, UPCAST, True, EVEN_D, BLOCK_M, BLOCK_D, BLOCK_DV,
         )
         dk, dvacc = _dkdv_span(
-            dk, dvacc, k, v, Q_at, DO_at, LSE_at, DELTA_at, a, c, b, hs, j, cols_ok,
+            dk, dvacc, k, v, Q_at, DO_at, LSE_at, DELTA_at, a, c, b, hs, j, j_lo, cols_ok,
             M, SLOPES, KEEP, sqt, sdt, smb, smh, smt, sms, H, T, S, D, DV, scale2, causal,
             window, alibi_shift, keep_scale, MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI,
             DROPOUT, PRECISION, UPCAST, False, EVEN_D, BLOCK_M, BLOCK_D, BLOCK_DV,
         )
         dk, dvacc = _dkdv_span(
-            dk, dvacc, k, v, Q_at, DO_at, LSE_at, DELTA_at, c, hi, b, hs, j, cols_ok,
+            dk, dvacc, k, v, Q_at, DO_at, LSE_at, DELTA_at, c, hi, b, hs, j, j_lo, cols_ok,
             M, SLOPES, KEEP, sqt, sdt, smb, smh, smt, sms, H, T, S, D, DV, scale2, causal,
             window, alibi_shift, keep_scale, MASK_KIND, IS_CAUSAL, HAS_WINDOW, HAS_ALIBI,
             DROPOUT, PRECISION, UPCAST, True, EVEN_D, BLOCK_M, BLOCK_D, BLOCK_DV,

@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from qkv.attention.triton_kernels import (
+    alibi_distance,
     finish_rows,
     load_tile,
     matmul,
@@ -57,7 +58,7 @@ def _tanh(x):
 
 
 @triton.jit
-def _tile(q, k, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
+def _tile(q, k, i, j, j0, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
           SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_N: tl.constexpr,
           MASKED: tl.constexpr, EVEN: tl.constexpr):
@@ -67,7 +68,7 @@ def _tile(q, k, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
     block mask (a partial block, ``MASKED``: ``keep_at`` points at this tile's corner of its
     keep tile, rows ``SPARSE_N`` apart) or the edges hide a key (none with ``EVEN``: every
     tile inside ``T × S``); and ``d mod / d s`` (soft-cap: ``1 - tanh²``; meaningless
-    otherwise)."""
+    otherwise). ``j0``: the tile's first key (``j = j0 + arange``)."""
     if SCORE_MOD == 0:  # base 2 at once: one multiply a score
         s = matmul(q, tl.trans(k), PRECISION, UPCAST) * (scale * 1.4426950408889634)
         dmod = s
@@ -75,8 +76,7 @@ def _tile(q, k, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
         s = matmul(q, tl.trans(k), PRECISION, UPCAST) * scale
         dmod = s
         if SCORE_MOD == 1:
-            distance = tl.abs(i[:, None] + offset - j[None, :]).to(tl.float32)
-            s = s - tl.load(mod_at) * distance
+            s = s - tl.load(mod_at) * alibi_distance(i[:, None], j[None, :], offset, j0)
         if SCORE_MOD == 3:
             ok = rows_ok[:, None] & cols_ok[None, :]
             s = s + tl.load(mod_at + (j[None, :] - i[:, None]), mask=ok, other=0.0)
@@ -126,8 +126,9 @@ def _key_tile(q, K, V, i, rows_ok, kt, keep_at, mod_at, sks, svs, S, D, DV, d, d
     cols_ok = j < S
     k = load_tile(K, j, cols_ok, sks, D, d, not EVEN, EVEN_D)
     v = load_tile(V, j, cols_ok, svs, DV, dv, not EVEN, EVEN_D)
-    s, dmod = _tile(q, k, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
-                    SCORE_MOD, PRECISION, UPCAST, BLOCK_M, BLOCK_N, SPARSE_N, MASKED, EVEN)
+    s, dmod = _tile(q, k, i, j, kt * BLOCK_N, rows_ok, cols_ok, keep_at, mod_at, offset, cap,
+                    scale, SCORE_MOD, PRECISION, UPCAST, BLOCK_M, BLOCK_N, SPARSE_N, MASKED,
+                    EVEN)
     return k, v, s, dmod
 
 
@@ -242,20 +243,22 @@ def _dq_step(dq, q, do, lse, delta, K, V, i, rows_ok, kt, keep_at, mod_at, dmod_
     if SCORE_MOD == 2:
         ds = ds * dmod  # through the soft-cap
     if GRAD_MOD:
-        _mod_grad(ds, dmod_at, i, kt * BLOCK_N + tl.arange(0, BLOCK_N), rows_ok, S, offset,
+        _mod_grad(ds, dmod_at, i, kt * BLOCK_N, rows_ok, S, offset, BLOCK_N,
                   SCORE_MOD)
     return dq + matmul(ds.to(k.dtype), k, PRECISION, UPCAST)
 
 
 @triton.jit
-def _mod_grad(ds, dmod_at, i, j, rows_ok, S, offset, SCORE_MOD: tl.constexpr):
+def _mod_grad(ds, dmod_at, i, j0, rows_ok, S, offset, BLOCK_N: tl.constexpr,
+              SCORE_MOD: tl.constexpr):
     """Add a tile's share of the score mod's gradient, from ``ds`` (the loss's gradient in
     the scores after the mod): ALiBi's slope, ``-Σ ds·|i + offset - j|`` (one atomic add a
     tile); the relative bias of each distance, ``Σ ds`` over the pairs at ``j - i`` (an
     atomic add per pair). Every visited pair is in exactly one ``dQ`` tile, so each is
-    counted once."""
+    counted once. The tile's keys are ``j0 + arange(BLOCK_N)``."""
+    j = j0 + tl.arange(0, BLOCK_N)
     if SCORE_MOD == 1:
-        distance = tl.abs(i[:, None] + offset - j[None, :]).to(tl.float32)
+        distance = alibi_distance(i[:, None], j[None, :], offset, j0)
         tl.atomic_add(dmod_at, -tl.sum(tl.sum(ds * distance, 1), 0))
     if SCORE_MOD == 3:
         ok = rows_ok[:, None] & (j[None, :] < S)
@@ -269,7 +272,10 @@ def _tile_t(k, q, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
             MASKED: tl.constexpr, EVEN: tl.constexpr):
     """:func:`_tile` transposed: keys ``j`` along rows, queries ``i`` along columns, as the
     dK/dV kernel computes (``Sᵀ = K Qᵀ``, so neither ``Pᵀ dO`` nor ``dSᵀ Q`` transposes a
-    tile held in registers). ``rows_ok``/``cols_ok`` are still the queries'/keys'."""
+    tile held in registers). ``rows_ok``/``cols_ok`` are still the queries'/keys'. ALiBi's
+    distances are converted whole here: converting them per row and column (as
+    :func:`_tile` does) spilled registers in this loop (sm_90, triton 3.6: 13 local loads
+    and stores a step against 4; triton 3.9: 296 bytes)."""
     if SCORE_MOD == 0:  # base 2 at once: one multiply a score
         s = matmul(k, tl.trans(q), PRECISION, UPCAST) * (scale * 1.4426950408889634)
         dmod = s
@@ -320,9 +326,9 @@ def _dkdv_step(dk, dvacc, k, v, Q, DO, LSE, DELTA, h, j, cols_ok, qt, keep_at, m
     # Without the edge masks on the scores, a score mod's dK/dV spilled registers in its
     # loops (sm_90, triton 3.6: 21 local loads and stores a step with ALiBi, 31 with
     # soft-cap, where they kept none): only whole mask-only tiles drop them.
-    s, dmod = _tile_t(k, q, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
-                      SCORE_MOD, PRECISION, UPCAST, BLOCK_M, BLOCK_N, SPARSE_N, MASKED,
-                      EVEN and SCORE_MOD == 0)
+    s, dmod = _tile_t(k, q, i, j, rows_ok, cols_ok, keep_at, mod_at, offset,
+                      cap, scale, SCORE_MOD, PRECISION, UPCAST, BLOCK_M, BLOCK_N, SPARSE_N,
+                      MASKED, EVEN and SCORE_MOD == 0)
     p = tl.math.exp2(s - lse[None, :])  # Pᵀ (BLOCK_N, BLOCK_M)
     dp = matmul(v, tl.trans(do), PRECISION, UPCAST)  # dPᵀ
     p_applied = p
