@@ -94,6 +94,9 @@ def kernel_ms(fn, dev: torch.device, calls: int = 10) -> float | None:
         return None
     from torch.profiler import ProfilerActivity, profile
 
+    # CUPTI left attached after profiling slows later kernel launches (pytorch#144455):
+    # have Kineto tear it down, so the cases timed after this one are timed as before.
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")
     fn()
     _sync(dev)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
