@@ -274,8 +274,9 @@ def _tile_t(k, q, i, j, rows_ok, cols_ok, keep_at, mod_at, offset, cap, scale,
     dK/dV kernel computes (``Sᵀ = K Qᵀ``, so neither ``Pᵀ dO`` nor ``dSᵀ Q`` transposes a
     tile held in registers). ``rows_ok``/``cols_ok`` are still the queries'/keys'. ALiBi's
     distances are converted whole here: converting them per row and column (as
-    :func:`_tile` does) spilled registers in this loop (sm_90, triton 3.6: 13 local loads
-    and stores a step against 4; triton 3.9: 296 bytes)."""
+    :func:`_tile` does) spilled registers in this loop (sm_90: counted from the tile's first
+    key, 13 local loads and stores a step against 4 under triton 3.6; from its first query,
+    296 bytes a thread under triton 3.9)."""
     if SCORE_MOD == 0:  # base 2 at once: one multiply a score
         s = matmul(k, tl.trans(q), PRECISION, UPCAST) * (scale * 1.4426950408889634)
         dmod = s
