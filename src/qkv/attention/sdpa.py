@@ -199,19 +199,20 @@ def _finish(
     call: AttentionCall, out: Tensor, weights: Tensor | None
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Restore the caller's leading dimensions."""
-    lead = call.batch_shape
-    if len(lead) != 1:  # (one leading dimension is B itself: nothing to restore)
-        out = out.reshape(*lead, *out.shape[1:])  # (..., H, T, Dv)
-    if call.squeeze_heads:
-        out = out[0]  # (T, Dv)
+    out = _restored(call, out)  # (..., H, T, Dv)
     if not call.need_weights:
         return out
     assert weights is not None
-    if len(lead) != 1:
-        weights = weights.reshape(*lead, *weights.shape[1:])  # (..., H, T, S)
-    if call.squeeze_heads:
-        weights = weights[0]  # (T, S)
-    return out, weights
+    return out, _restored(call, weights)  # (..., H, T, S)
+
+
+def _restored(call: AttentionCall, t: Tensor) -> Tensor:
+    """``t (B, H, T, X)`` in the caller's leading dimensions: ``(..., H, T, X)``, ``(T, X)``
+    for 2-D inputs."""
+    lead = call.batch_shape
+    if len(lead) != 1:  # (one leading dimension is B itself: nothing to restore)
+        t = t.reshape(*lead, *t.shape[1:])
+    return t[0] if call.squeeze_heads else t
 
 
 def explain(

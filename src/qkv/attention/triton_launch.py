@@ -21,17 +21,16 @@ from qkv.attention import (
     triton_paged,
     triton_plan,
 )
-from qkv.attention.triton_env import interpreting
 from qkv.attention.triton_plan import (
     Plan,
     dropout_kind,
     kept,
     merge_launch,
     pow2,
-    precision,
     split_keys,
     splits,
     tile_options,
+    width_flags,
 )
 
 __all__ = ["backward", "flex_backward", "flex_forward", "forward", "paged_forward"]
@@ -76,28 +75,23 @@ def _mask_args(mask: Tensor | None, q: Tensor) -> tuple[Tensor, int, tuple[int, 
     return mask, 2, strides
 
 
-def _options(q, k, v, mask, alibi, keep, spec):
-    """Arguments the backward kernels share: tensors, strides, sizes, flags."""
+def _call_args(q, mask, alibi, keep, spec):
+    """What the dense kernels read of a call besides q, k, v: ``(extras, mask kind, mask
+    strides, scalars)``, the extras the mask, dropout's keep mask or state and the ALiBi
+    slopes (``q`` where absent)."""
     m, kind, mstrides = _mask_args(mask, q)
     keep_scale = 1.0 / (1.0 - spec.dropout_p) if keep is not None else 1.0
     scalars = (spec.scale, spec.causal or 0, spec.window or 0, spec.alibi_shift, keep_scale)
-    flags = _flags(q, v, kind, alibi, keep) | dict(
-        IS_CAUSAL=spec.causal is not None, HAS_WINDOW=spec.window is not None)
     keep = keep.view(torch.uint8) if keep is not None and keep.dtype == torch.bool else keep
     extras = (m, q if keep is None else keep, q if alibi is None else alibi)
-    return extras, mstrides, scalars, flags
+    return extras, kind, mstrides, scalars
 
 
-def _flags(q, v, kind: int, alibi, keep) -> dict:
-    """The dense kernels' constexprs for mask ``kind`` (:func:`_mask_args`), but the causal
-    and window flags (the caller's)."""
-    flags = dict(
-        MASK_KIND=kind, HAS_ALIBI=alibi is not None, DROPOUT=dropout_kind(keep),
-        PRECISION=precision(q.dtype), UPCAST=interpreting() and q.dtype == torch.bfloat16,
-        BLOCK_D=pow2(q.shape[-1]), BLOCK_DV=pow2(v.shape[-1]),
-    )
-    flags["EVEN_D"] = flags["BLOCK_D"] == q.shape[-1] and flags["BLOCK_DV"] == v.shape[-1]
-    return flags
+def _flags(q, v, kind: int, alibi, keep, spec) -> dict:
+    """The dense kernels' constexprs for mask ``kind`` (:func:`_mask_args`)."""
+    return dict(MASK_KIND=kind, IS_CAUSAL=spec.causal is not None,
+                HAS_WINDOW=spec.window is not None, HAS_ALIBI=alibi is not None,
+                DROPOUT=dropout_kind(keep)) | width_flags(q.dtype, q.shape[-1], v.shape[-1])
 
 
 def _unit_last(t: Tensor) -> Tensor:
@@ -111,20 +105,16 @@ def forward(q, k, v, mask, alibi, keep, spec) -> tuple[Tensor, Tensor]:
     q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
     B, H, T, D = q.shape
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
-    m, kind, mstrides = _mask_args(mask, q)
+    extras, kind, mstrides, scalars = _call_args(q, mask, alibi, keep, spec)
     plan = kept((q.shape, k.shape, v.shape, q.dtype, q.device, kind, mstrides, alibi is None,
                   dropout_kind(keep), spec.causal is None, spec.window is None),
                  lambda: _forward_plan(q, k, v, kind, alibi, keep, spec))
-    keep_scale = 1.0 / (1.0 - spec.dropout_p) if keep is not None else 1.0
-    if keep is not None and keep.dtype == torch.bool:
-        keep = keep.view(torch.uint8)
     o_buf, l_buf = _split_outputs(plan.splits, (B, H, T), Dv, q)
     _launch(triton_kernels.attention_forward, plan.grid, (
-        q, k, v, o_buf, l_buf, m, q if keep is None else keep, q if alibi is None else alibi,
+        q, k, v, o_buf, l_buf, *extras,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_buf.stride()[1:4],
         *l_buf.stride()[1:3], *mstrides, o_buf.stride(0), l_buf.stride(0),
-        H, H // Hkv, T, S, D, Dv, plan.split_len, spec.scale, spec.causal or 0,
-        spec.window or 0, spec.alibi_shift, keep_scale,
+        H, H // Hkv, T, S, D, Dv, plan.split_len, *scalars,
     ), plan.options)
     return _merged(o_buf, l_buf, q.dtype, plan)
 
@@ -136,10 +126,9 @@ def _forward_plan(q, k, v, kind: int, alibi, keep, spec) -> Plan:
     B, H, T, D = q.shape
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
     G = H // Hkv
-    flags = _flags(q, v, kind, alibi, keep) | dict(
-        IS_CAUSAL=spec.causal is not None, HAS_WINDOW=spec.window is not None)
+    flags = _flags(q, v, kind, alibi, keep, spec)
     t = triton_plan.tiles("forward", G * T, max(D, Dv), q.dtype,
-              kind != 0 or alibi is not None or keep is not None, keep is not None)
+                          kind != 0 or alibi is not None or keep is not None, keep is not None)
     row_blocks = -(-G * T // t.block_m)
     n = splits(q, row_blocks * B * Hkv, S, t.block_n, t.resident) if keep is None else 1
     n, split_len = split_keys(S, n, t.block_n)
@@ -203,9 +192,7 @@ def _paged_plan(q: Tensor, k_pool: Tensor, v_pool: Tensor, W: int) -> Plan:
     row_blocks = -(-G * T // t.block_m)
     n, split_len = split_keys(S, splits(q, row_blocks * B * Hkv, S, t.block_n, t.resident),
                               t.block_n)
-    flags = dict(P=P, PRECISION=precision(q.dtype), BLOCK_D=pow2(D), BLOCK_DV=pow2(Dv),
-                 UPCAST=interpreting() and q.dtype == torch.bfloat16)
-    flags["EVEN_D"] = flags["BLOCK_D"] == D and flags["BLOCK_DV"] == Dv
+    flags = dict(P=P) | width_flags(q.dtype, D, Dv)
     return Plan((row_blocks, B * Hkv, n), n, split_len, flags | tile_options(t),
                  *merge_launch(B * H * T, Dv))
 
@@ -233,16 +220,15 @@ def backward(q, k, v, out, lse_safe, dout, dlse, mask, alibi, keep, spec):
     Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
     G = H // Hkv
     delta, lse_safe = _delta(out, dout, dlse), lse_safe.float().contiguous()
-    extras, mstrides, scalars, flags = _options(q, k, v, mask, alibi, keep, spec)
+    extras, kind, mstrides, scalars = _call_args(q, mask, alibi, keep, spec)
     dq = torch.empty(B, H, T, D, dtype=q.dtype, device=q.device)
     dk = torch.empty(B, Hkv, S, D, dtype=k.dtype, device=q.device)
     dv = torch.empty(B, Hkv, S, Dv, dtype=v.dtype, device=q.device)
     common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3],
               *mstrides, H, G, T, S, D, Dv, *scalars)
     t = triton_plan.tiles("backward", G * T, max(D, Dv), q.dtype,
-              mask is not None or alibi is not None or keep is not None)
-    options = flags | dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps,
-                           num_stages=t.stages)
+                          mask is not None or alibi is not None or keep is not None)
+    options = _flags(q, v, kind, alibi, keep, spec) | tile_options(t)
     _launch(triton_backward.attention_backward_dkdv, (-(-S // t.block_n), B * Hkv),
             (q, k, v, dout, lse_safe, delta, dk, dv, *extras, *common), options)
     _launch(triton_backward.attention_backward_dq, (-(-G * T // t.block_m), B * Hkv),
@@ -255,9 +241,7 @@ def _flex_args(q, k, v, tab, block_mask, mod, kind, dropout=False):
     launch options of ``kind``."""
     H, T, D = q.shape[1:]
     Bt, Ht, nq, nk = tab.slot.shape
-    flags = dict(PRECISION=precision(q.dtype), BLOCK_D=pow2(D), BLOCK_DV=pow2(v.shape[-1]),
-                 UPCAST=interpreting() and q.dtype == torch.bfloat16)
-    flags["EVEN_D"] = flags["BLOCK_D"] == D and flags["BLOCK_DV"] == v.shape[-1]
+    flags = width_flags(q.dtype, D, v.shape[-1])
     bq, bk = block_mask.block_size
     # T and S whole blocks: every tile lies inside T × S, so no load or score needs the edge
     # masks (torch's flex kernels' IS_DIVISIBLE).

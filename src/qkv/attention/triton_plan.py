@@ -19,7 +19,8 @@ from torch import Tensor
 from qkv.attention.triton_env import interpreting
 
 __all__ = ["Plan", "Tiles", "dropout_kind", "flex_tiles", "gpu_multiprocessors", "kept",
-           "merge_launch", "pow2", "precision", "split_keys", "splits", "tile_options", "tiles"]
+           "merge_launch", "pow2", "precision", "split_keys", "splits", "tile_options", "tiles",
+           "width_flags"]
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,15 @@ def kept(key: tuple, make) -> Plan:
             _PLANS.clear()
         plan = _PLANS[key] = make()
     return plan
+
+
+def width_flags(dtype: torch.dtype, D: int, Dv: int) -> dict:
+    """The constexprs every kernel takes for ``D``/``Dv``-wide heads in ``dtype``: the
+    padded widths, whether they are the heads' own (``EVEN_D``), the multiply's precision,
+    and ``UPCAST`` (bfloat16 under the interpreter)."""
+    block_d, block_dv = pow2(D), pow2(Dv)
+    return dict(PRECISION=precision(dtype), UPCAST=interpreting() and dtype == torch.bfloat16,
+                BLOCK_D=block_d, BLOCK_DV=block_dv, EVEN_D=block_d == D and block_dv == Dv)
 
 
 def tile_options(t: Tiles) -> dict:

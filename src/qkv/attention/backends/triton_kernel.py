@@ -138,9 +138,7 @@ _LAUNCHES = None
 class _TritonFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mask, alibi, keep, spec):
-        from qkv.attention.triton_launch import forward
-
-        out, lse = forward(q, k, v, mask, alibi, keep, spec)
+        out, lse = _launches().forward(q, k, v, mask, alibi, keep, spec)
         ctx.save_for_backward(q, k, v, out, lse, mask, alibi, keep)
         ctx.spec = spec
         ctx.set_materialize_grads(False)
@@ -148,11 +146,9 @@ class _TritonFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        from qkv.attention.triton_launch import backward
-
         q, k, v, out, lse, mask, alibi, keep = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = backward(q, k, v, out, safe_lse(lse), dout, dlse, mask, alibi, keep,
-                              ctx.spec)
+        dq, dk, dv = _launches().backward(q, k, v, out, safe_lse(lse), dout, dlse, mask,
+                                          alibi, keep, ctx.spec)
         return dq, dk, dv, None, None, None, None
