@@ -39,10 +39,31 @@ class _OnDevice(TorchFunctionMode):
 # tests create land on the GPU; tests/helpers.DEVICE names it. Without a GPU the triton
 # backend's kernels run in Triton's interpreter on CPU tensors (set before anything imports
 # them).
+_DEFAULT_DEVICE = None
 if os.environ.get("QKV_TEST_DEVICE", "cpu") != "cpu":
-    _OnDevice(os.environ["QKV_TEST_DEVICE"]).__enter__()
+    _DEFAULT_DEVICE = _OnDevice(os.environ["QKV_TEST_DEVICE"])
+    _DEFAULT_DEVICE.__enter__()
 else:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def moved(monkeypatch):
+    """The device a test moves its model to by hand, as a user does (``model.to(device)``):
+    CUDA under ``QKV_TEST_DEVICE=cuda``, else torch's lazy-tensor device on the CPU
+    (``tests/second_device.py``), which refuses CPU tensors in its ops as CUDA does. The
+    default-device mode is off for the test, so tensors qkv makes without a device are made
+    on the CPU, as they are for that user."""
+    from second_device import second_device
+
+    if _DEFAULT_DEVICE is None:
+        yield second_device(monkeypatch)
+        return
+    _DEFAULT_DEVICE.__exit__(None, None, None)
+    try:
+        yield second_device(monkeypatch)
+    finally:
+        _DEFAULT_DEVICE.__enter__()
 
 
 # On a GPU, backends refuse some grid cells by design; each refusal is pinned by its own test

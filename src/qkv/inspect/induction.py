@@ -142,14 +142,15 @@ def train_on_repeats(model: nn.Module, *, steps: int, min_len: int, max_len: int
     if min_len > max_len:
         raise ValueError(f"min_len ({min_len}) must be <= max_len ({max_len})")
     vocab = model.config.vocab_size
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)  # batches drawn on the CPU, then moved
+    device = next(iter(model.parameters())).device
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     model.train()
     history = []
     for _ in range(steps):
         # 1) a fresh batch; 2) next-token loss on every position; 3) one optimiser step.
         n = int(torch.randint(min_len, max_len + 1, (1,), generator=gen))
-        ids = repeated_tokens(batch, n, vocab, generator=gen)  # (B, 1 + 2n)
+        ids = repeated_tokens(batch, n, vocab, generator=gen).to(device)  # (B, 1 + 2n)
         loss = token_losses(model(ids), ids).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -335,7 +335,7 @@ def rollout(cap: Captured, layers: Sequence[str] | None = None, batch: int = 0) 
             "rollout needs square self-attention weights (all rows captured) of one length; "
             f"got {[tuple(m.shape) for m in mats]}"
         )
-    eye = torch.eye(mats[0].shape[0], dtype=torch.float64)
+    eye = torch.eye(mats[0].shape[0], dtype=torch.float64, device=mats[0].device)
     result = eye
     for m in mats:
         a = 0.5 * m + 0.5 * eye

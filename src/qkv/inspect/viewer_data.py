@@ -148,7 +148,8 @@ def time_bins(block: Tensor, bq: int, bk: int) -> Tensor:
         block = F.pad(block, (0, -S % bk)).unflatten(-1, (-1, bk)).sum(-1)  # (H', n, S')
     if bq > 1:
         groups = F.pad(block, (0, 0, 0, -n % bq)).unflatten(1, (-1, bq)).sum(2)  # (H', n', S')
-        counts = torch.full((groups.shape[1],), float(bq), dtype=block.dtype)
+        counts = torch.full((groups.shape[1],), float(bq), dtype=block.dtype,
+                            device=block.device)
         counts[-1] = n - (groups.shape[1] - 1) * bq  # the last group may be short
         block = groups / counts[None, :, None]
     return block

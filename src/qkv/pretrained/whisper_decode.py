@@ -99,6 +99,14 @@ def apply_rules(logits: Tensor, sampled: Tensor, vocab: Vocab, timestamps: bool,
     return logits
 
 
+def _draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One token per row of ``probs (B, V)``: ``(B,)`` on ``probs``' device, drawn where
+    ``generator`` lives (the CPU for the seeded one), so a seed samples the same tokens
+    whatever device the model is on."""
+    where = probs.device if generator is None else generator.device
+    return torch.multinomial(probs.to(where), 1, generator=generator)[:, 0].to(probs.device)
+
+
 def _initial_steps(o: TranscribeOptions) -> int | None:
     """``max_initial_timestamp`` in timestamp steps (20 ms each), or None."""
     t = o.max_initial_timestamp
@@ -159,7 +167,7 @@ def _decode_group(model, memory: Tensor, prompts: list[list[int]], vocab: Vocab,
         logprobs = logits.log_softmax(dim=-1)  # (B, V)
         if temperature > 0:
             probs = (logits / temperature).softmax(dim=-1)
-            token = torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B,)
+            token = _draw(probs, generator)  # (B,)
         else:
             token = logits.argmax(dim=-1)  # (B,)
         total += torch.where(done, 0.0, logprobs.gather(1, token[:, None])[:, 0].double())
@@ -193,7 +201,8 @@ def _beam_one(model, memory: Tensor, prompt: list[int], sot_index: int, vocab: V
     finished: dict[tuple[int, ...], float] = {}
     max_initial = _initial_steps(o)
     for step in range(steps):
-        sampled = torch.tensor([list(b[0]) for b in beams], dtype=torch.long)
+        sampled = torch.tensor([list(b[0]) for b in beams], dtype=torch.long,
+                               device=memory.device)
         sampled = sampled.reshape(len(beams), step)  # (K', t)
         logprobs = apply_rules(logits, sampled, vocab, o.timestamps, max_initial).log_softmax(-1)
         top, ids = logprobs.topk(K + 1, dim=-1)  # (K, K + 1)

@@ -183,9 +183,9 @@ def _align(bundle, memory: Tensor, text: list[int], frames: int) -> list[list]:
     vocab, start = bundle.vocab, [vocab_id for vocab_id in bundle.prompt]
     tokens = [*start, *text, vocab.eot]
     logits, score = _scores(bundle.model, memory, tokens, bundle.alignment_heads, frames)
-    probs = logits[len(start) - 1 : -2, : vocab.eot].softmax(dim=-1)  # (n, eot)
+    probs = logits[len(start) - 1 : -2, : vocab.eot].softmax(dim=-1).cpu()  # (n, eot)
     token_probs = probs[torch.arange(len(text)), torch.tensor(text)].numpy()
-    rows, cols = dtw(-score[len(start) - 1 : -1].double().numpy())
+    rows, cols = dtw(-score[len(start) - 1 : -1].double().cpu().numpy())  # NumPy: on the CPU
     grouped = _words(bundle, [*text, vocab.eot])
     bounds = np.pad(np.cumsum([len(t) for _, t in grouped[:-1]]), (1, 0))
     jumps = np.pad(np.diff(rows), (1, 0), constant_values=1).astype(bool)

@@ -1,0 +1,135 @@
+"""Whisper's transcription with its model moved to another device by hand (``model.to``), as
+a user with a GPU does: every path (timestamps, word timestamps, temperature fallback,
+beams, batches of recordings, short-form text, streaming) gives what it gives on the CPU.
+
+The device is CUDA under ``QKV_TEST_DEVICE=cuda`` and torch's lazy-tensor device elsewhere
+(``tests/second_device.py``): either refuses a CPU tensor in an op and ``.numpy()`` of its
+own, the mistakes these paths made before (a beam's tokens, a seeded CPU generator, the word
+alignment's scores). A tiny random model in float64 with a word-level tokenizer of
+Whisper's special and timestamp tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models
+
+from qkv.models.speech import SpeechSeq2Seq, SpeechSeq2SeqConfig
+from qkv.pretrained.transcript_options import TranscribeOptions
+from qkv.pretrained.whisper import SpeechBundle
+
+WORDS = [f"▁w{i}" for i in range(40)] + [".", ","]
+SPECIAL = ["<|endoftext|>", "<|startoftranscript|>", "<|startofprev|>", "<|nocaptions|>",
+           "<|notimestamps|>"]
+STAMPS = [f"<|{k * 0.02:.2f}|>" for k in range(1501)]
+
+
+def _bundle() -> SpeechBundle:
+    vocab = {t: i for i, t in enumerate(WORDS + SPECIAL + STAMPS)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="."))
+    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="never")
+    tokenizer.add_special_tokens(SPECIAL + STAMPS)
+    eot, sot, prev, nocaptions, notimestamps = (vocab[t] for t in SPECIAL)
+    torch.manual_seed(0)
+    config = SpeechSeq2SeqConfig(
+        vocab_size=len(vocab), n_mels=80, d_model=16, num_heads=2, num_encoder_layers=1,
+        num_decoder_layers=2, d_ff=32, max_source_len=1500, max_len=64, pad_id=eot,
+        bos_id=sot, eos_id=eot)
+    model = SpeechSeq2Seq(config).double().eval()
+    return SpeechBundle(model, tokenizer, "tiny", (sot, notimestamps),
+                        suppress=(sot, prev, nocaptions), suppress_first=(eot,),
+                        alignment_heads=((1, 0), (1, 1)))
+
+
+@pytest.fixture(scope="module")
+def recordings() -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [(rng.standard_normal(16000 * n) * 0.1).astype(np.float32) for n in (35, 12)]
+
+
+def _same(a, b, where: str = "transcript") -> None:
+    """``a == b``, numbers to 1e-6 relative (the decoding's log-probabilities are float32:
+    another device rounds them differently)."""
+    if dataclasses.is_dataclass(a):
+        a, b = dataclasses.asdict(a), dataclasses.asdict(b)
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{where}: {len(a)} items on the CPU, {len(b)} moved"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{where}[{i}]")
+    elif isinstance(a, float):
+        assert b == pytest.approx(a, rel=1e-6, abs=1e-9), f"{where}: {a} on the CPU, {b} moved"
+    else:
+        assert a == b, f"{where}: {a!r} on the CPU, {b!r} moved"
+
+
+def _on_both(moved, run):
+    """``run(bundle)`` with the model on the CPU, then moved: both results."""
+    bundle = _bundle()
+    on_cpu = run(bundle)
+    bundle.model.to(moved)
+    return on_cpu, run(bundle)
+
+
+OPTIONS = {
+    # greedy with timestamps; the windows' repetitive text fails the compression-ratio
+    # check, so the seeded sampling of the temperature fallback runs too
+    "words and fallback": dict(word_timestamps=True, max_new_tokens=12, temperatures=(0.0, 0.4),
+                               logprob_threshold=None, no_speech_threshold=None),
+    "beams": dict(beam_size=2, max_new_tokens=8, temperatures=(0.0,),
+                  logprob_threshold=None, no_speech_threshold=None),
+}
+
+
+@pytest.mark.parametrize("name", OPTIONS)
+def test_transcripts_equal_the_cpu_run(moved, recordings, name):
+    o = TranscribeOptions(**OPTIONS[name], batch_size=2)
+    on_cpu, on_device = _on_both(moved, lambda b: list(b.transcripts(recordings, o)))
+    _same(on_cpu, on_device)
+    segments = [s for t in on_cpu for s in t.segments]
+    assert segments, "no segment: the comparison covered nothing"
+    if name == "words and fallback":
+        assert any(s.words for s in segments), "no word was timed"
+        assert any(s.temperature > 0 for s in segments), "the fallback never sampled"
+
+
+def test_short_form_text_and_streaming_equal_the_cpu_run(moved, recordings):
+    def run(b):
+        return (b.transcribe(recordings[1], max_new_tokens=6),
+                b.transcribe(recordings[1], beam_size=2, max_new_tokens=6),
+                list(b.stream(recordings[1], max_new_tokens=6)))
+
+    on_cpu, on_device = _on_both(moved, run)
+    _same(on_cpu, on_device)
+    assert on_cpu[0] and on_cpu[1], "no text: the comparison covered nothing"
+
+
+def test_alignment_and_the_time_axis_viewer_equal_the_cpu_run(moved, recordings, tmp_path):
+    from qkv.inspect import view
+    from qkv.inspect.alignment import cross_attention_alignment
+
+    def run(b):
+        features = b.features(recordings[1]).double()  # (1, n_mels, 3000)
+        device = next(b.model.parameters()).device
+        tokens = [*b.prompt, *b.tokens(features.to(device), max_new_tokens=6)[0]]
+        matrix = cross_attention_alignment(b.model, features.to(device), tokens,
+                                           b.alignment_heads)  # (T, S)
+        page = view(b.model, None, input_ids=features.to(device),
+                    target=torch.tensor([tokens], device=device), key_axis="time",
+                    frame_seconds=0.02, time_bin=0.5)
+        cross = [layer for group in page.data["groups"] if group["kind"] == "cross"
+                 for layer in group["layers"]]
+        return tokens, matrix.cpu(), [(c["T"], c["S"], c["focus"]) for c in cross]
+
+    (tokens, matrix, cross), (tokens_moved, matrix_moved, cross_moved) = _on_both(moved, run)
+    assert tokens == tokens_moved
+    _same(matrix.tolist(), matrix_moved.tolist(), "alignment")
+    _same(cross, cross_moved, "viewer's cross-attention layers")
+    assert cross and all(S == 60 for _, S, _ in cross), cross  # 30 s in 0.5 s rows

@@ -1,0 +1,50 @@
+"""A second device on machines without a GPU, for tests that move a model by hand.
+
+A path that has only run on the CPU makes two mistakes that show only on another device: a
+tensor made without ``device=`` meeting the model's tensors in one op, and ``.numpy()`` of a
+tensor on the device. torch's lazy-tensor device (``torch._lazy``, its TorchScript backend)
+runs on the CPU and refuses both as CUDA does ("Input tensor is not a lazy tensor";
+"can't convert lazy:0 device type tensor to numpy"), so the ``moved`` fixture
+(``conftest.py``) hands it to tests where no GPU is, and CUDA where one is
+(``QKV_TEST_DEVICE=cuda``).
+
+Two of its own limits are worked around for a test's duration, neither changing a value:
+
+* it cannot make inference tensors: ``torch.inference_mode`` runs as ``torch.no_grad``;
+* iterating over one of its tensors (``unbind``) gives rows it no longer knows as its own:
+  ``for row in t`` takes the rows by index instead.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from helpers import DEVICE
+
+
+@functools.cache
+def _start_lazy() -> None:
+    import torch._lazy.ts_backend
+
+    torch._lazy.ts_backend.init()
+
+
+def _no_grad(mode: bool = True):
+    return torch.no_grad() if mode else torch.enable_grad()
+
+
+def _rows(t: torch.Tensor):
+    return (t[i] for i in range(len(t)))
+
+
+def second_device(monkeypatch) -> torch.device:
+    """CUDA under ``QKV_TEST_DEVICE=cuda``; else the lazy device, with its two limits worked
+    around until the test ends (``monkeypatch`` undoes them)."""
+    if DEVICE.type != "cpu":
+        return DEVICE
+    _start_lazy()
+    monkeypatch.setattr(torch, "inference_mode", _no_grad)
+    monkeypatch.setattr(torch.Tensor, "__iter__", _rows)
+    return torch.device("lazy")
