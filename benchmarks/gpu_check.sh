@@ -4,7 +4,7 @@
 # the machine's own python with CUDA torch and triton (PYTHON=...) and qkv from src/ (nothing
 # is installed). Logs and JSON go to $OUT (default benchmarks/results), named after the GPU.
 # Each step has a time limit (TRITON_SECONDS, TILES_SECONDS, FLEX_TILES_SECONDS, TEST_SECONDS,
-# BENCH_SECONDS, OVERHEAD_SECONDS, HOST_SECONDS, COMPILED_SECONDS, DECODE_SECONDS; 0 skips the
+# MOVED_SECONDS, BENCH_SECONDS, OVERHEAD_SECONDS, HOST_SECONDS, COMPILED_SECONDS, DECODE_SECONDS; 0 skips the
 # last two; BENCH_ARGS="--groups alibi,decode" runs some
 # groups of benchmarks/gpu.py, OVERHEAD_ARGS="" drops the profile); a step cut by it is interrupted
 # (SIGINT), so pytest still prints its summary and the benchmark still writes its JSON.
@@ -41,9 +41,14 @@ fi
 
 echo "== 3. the CUDA subset (tests/cuda_subset.txt), CUDA as the default device"
 QKV_TEST_DEVICE=cuda timeout -s INT "${TEST_SECONDS:-150}" $PY -m pytest -q -p no:cacheprovider \
-  -n "${TEST_WORKERS:-12}" -rfE --tb=short $(grep -v test_triton tests/cuda_subset.txt) \
+  -n "${TEST_WORKERS:-12}" -rfE --tb=short $(grep -v -e test_triton -e _moved tests/cuda_subset.txt) \
   >"$OUT/gpu-tests-$gpu.log" 2>&1
 summary "$OUT/gpu-tests-$gpu.log" 60
+
+echo "== 3b. models moved to the GPU by hand: decoding, training, inspection, Whisper (tests/*/test_*_moved.py)"
+QKV_TEST_DEVICE=cuda timeout -s INT "${MOVED_SECONDS:-60}" $PY -m pytest -q -p no:cacheprovider \
+  -n 4 -rfEs --tb=short $(grep _moved tests/cuda_subset.txt) >"$OUT/gpu-moved-$gpu.log" 2>&1
+summary "$OUT/gpu-moved-$gpu.log" 30
 
 echo "== 4. benchmarks (benchmarks/gpu.py)"
 timeout -s INT "${BENCH_SECONDS:-240}" $PY benchmarks/gpu.py --device cuda \

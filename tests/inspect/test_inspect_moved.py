@@ -20,7 +20,7 @@ from helpers import assert_close
 from qkv.inspect.induction import repeated_tokens, train_on_repeats
 from qkv.models import DecoderLM, DecoderLMConfig
 
-IDS = torch.randint(0, 30, (2, 9), generator=torch.Generator().manual_seed(1))
+IDS = torch.randint(0, 30, (2, 9), generator=torch.Generator().manual_seed(1), device="cpu")
 
 
 def _model() -> DecoderLM:

@@ -25,7 +25,7 @@ from qkv.generate.args import check_sampling, check_seed, output_vocab, special_
 from qkv.generate.compiled import open_session
 from qkv.generate.controls import GenerationControls, checked_controls, prompt_ids
 from qkv.generate.sampling import Sampler
-from qkv.generate.session import Inputs, decoding, is_seq2seq, model_device
+from qkv.generate.session import Inputs, decoding, is_seq2seq
 
 __all__ = ["greedy", "sample", "stream", "strip"]
 
@@ -162,9 +162,9 @@ def sample(
     if temperature == 0:
         choose: Callable[[Tensor], Tensor] = lambda logits: logits.argmax(-1)  # noqa: E731
     else:
+        # seeded on the CPU: one seed draws the same tokens whatever the model's device
         choose = Sampler(session.batch, seed=seed, temperature=temperature, top_k=top_k,
-                         top_p=top_p, min_p=_min_p(controls),
-                         device=model_device(model))  # fmt: skip
+                         top_p=top_p, min_p=_min_p(controls))  # fmt: skip
     steps = _steps(session, choose, max_new_tokens, eos, fill, controls)
     return torch.stack(list(steps), dim=1)  # (B, L)
 
@@ -220,7 +220,7 @@ def stream(
             choose: Callable[[Tensor], Tensor] = lambda logits: logits.argmax(-1)  # noqa: E731
         else:
             choose = Sampler(1, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
-                             min_p=_min_p(controls), device=model_device(model))  # fmt: skip
+                             min_p=_min_p(controls))  # fmt: skip
     return _tokens(_steps(session, choose, max_new_tokens, eos, fill, controls), eos)
 
 
