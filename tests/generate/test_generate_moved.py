@@ -17,6 +17,7 @@ from qkv.generate.batching import BatchingEngine
 from qkv.generate.controls import GenerationControls
 from qkv.generate.engine import SamplingParams
 from qkv.models import DecoderLM, DecoderLMConfig
+from qkv.nn.quantized import quantize_
 
 IDS = torch.randint(0, 29, (2, 7), generator=torch.Generator().manual_seed(0), device="cpu")
 
@@ -58,6 +59,9 @@ CASES = {
                                                      max_new_tokens=6).tokens,
     "stream": lambda m, ids: list(qg.stream(m, ids[0].tolist(), max_new_tokens=5)),
     "continuous batching": _served,
+    "int8 weights": lambda m, ids: qg.greedy(quantize_(m, "int8"), ids, max_new_tokens=5),
+    "int4 weights": lambda m, ids: qg.greedy(quantize_(m, "int4", group_size=8), ids,
+                                             max_new_tokens=5),
 }
 
 
