@@ -26,8 +26,8 @@ import weakref
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-__all__ = ["carry_checked", "checked_before", "is_int", "is_number", "memory_bytes",
-           "positive_int", "remember_checked", "values_unknown"]
+__all__ = ["carry_checked", "check_device", "checked_before", "is_int", "is_number",
+           "memory_bytes", "positive_int", "remember_checked", "values_unknown"]
 
 
 def memory_bytes() -> int:
@@ -47,6 +47,46 @@ def is_int(value: object) -> bool:
 def is_number(value: object) -> bool:
     """``value`` is a finite ``int`` or ``float``, and not a ``bool``."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_device(value: object, name: str = "device") -> torch.device:
+    """``value`` (a ``torch.device`` or its name) as a device torch can use on this machine.
+
+    ``cpu``; ``cuda`` / ``cuda:N`` when this torch build has CUDA and GPU ``N`` exists;
+    ``mps`` when available; any other device type torch knows is tried by allocating an
+    empty tensor on it.
+
+    Raises:
+        ValueError: ``"<name> 'banana' is not a device ..."`` or ``"<name> 'cuda' is not
+            available: ..."``, before anything is loaded or allocated.
+    """
+    try:
+        device = torch.device(value)  # type: ignore[arg-type]
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"{name} {value!r:.80} is not a device: expected cpu, cuda, cuda:N, "
+                         "mps, ...") from None  # fmt: skip
+    why = ""
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not torch.backends.cuda.is_built():
+            why = "this torch build has no CUDA (a CPU build); use cpu"
+        elif count == 0:
+            why = "no CUDA GPU is visible; use cpu"
+        elif device.index is not None and device.index >= count:
+            why = f"GPU {device.index} does not exist ({count} visible: cuda:0..cuda:{count - 1})"
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            why = "MPS (Apple GPU) is not available on this machine; use cpu"
+    elif device.type == "meta":
+        why = "the meta device holds no data; use cpu"
+    elif device.type != "cpu":
+        try:
+            torch.empty(0, device=device)
+        except Exception as err:  # any failure means "not usable here"
+            why = " ".join(str(err).split())[:200] or type(err).__name__
+    if why:
+        raise ValueError(f"{name} {value!r:.80} is not available: {why}")
+    return device
 
 
 def positive_int(name: str, value: object) -> int:

@@ -42,7 +42,10 @@ _REAL_LOAD = qkv.pretrained.load
 _LOADED: dict[str, object] = {}
 
 
-def _cached_load(name):
+def _cached_load(name, **options):
+    options = {k: v for k, v in options.items() if v is not None}  # (device=None: the CPU)
+    if options:
+        return _REAL_LOAD(name, **options)
     key = str(name)
     if key not in _LOADED:
         _LOADED[key] = _REAL_LOAD(name)

@@ -56,7 +56,7 @@ class FakeSpeech(SpeechBundle):
 @pytest.fixture
 def fake(monkeypatch) -> FakeSpeech:
     bundle = FakeSpeech()
-    monkeypatch.setattr(qkv.pretrained, "load", lambda name: bundle)
+    monkeypatch.setattr(qkv.pretrained, "load", lambda name, **options: bundle)
     return bundle
 
 

@@ -32,7 +32,7 @@ def tiny():
 def test_transcribe_command_prints_text_and_writes_alignment(tmp_path, monkeypatch):
     clip = espeak(SENTENCES[3], tmp_path, "clip")
     bundle = whisper()  # loaded once per process
-    monkeypatch.setattr(qkv.pretrained, "load", lambda name: bundle)
+    monkeypatch.setattr(qkv.pretrained, "load", lambda name, **options: bundle)
     result = runner.invoke(app, ["transcribe", str(clip), "--align", str(tmp_path / "a.png")])
     assert result.exit_code == 0, result.output
     assert wer(SENTENCES[3], result.stdout) <= 0.2, result.stdout

@@ -26,7 +26,7 @@ def _page_data(html: str) -> dict:
 def test_inspect_speech_writes_time_axis_viewer_and_alignment(tmp_path, monkeypatch):
     clip = espeak(SENTENCES[1], tmp_path, "clip")
     bundle = whisper()
-    monkeypatch.setattr(qkv.pretrained, "load", lambda name: bundle)
+    monkeypatch.setattr(qkv.pretrained, "load", lambda name, **options: bundle)
     out = tmp_path / "inspect"
     result = runner.invoke(app, ["inspect", "whisper-tiny.en", str(clip), "--out", str(out)])
     assert result.exit_code == 0, result.output
@@ -51,7 +51,7 @@ def test_inspect_speech_writes_time_axis_viewer_and_alignment(tmp_path, monkeypa
 
 def test_inspect_speech_refuses_text_options(tmp_path, monkeypatch):
     bundle = whisper()
-    monkeypatch.setattr(qkv.pretrained, "load", lambda name: bundle)
+    monkeypatch.setattr(qkv.pretrained, "load", lambda name, **options: bundle)
     result = runner.invoke(app, ["inspect", "whisper-tiny.en", str(tmp_path / "no.wav")])
     assert result.exit_code == 2 and "does not exist" in result.output
     assert "audio file" in result.output and "Traceback" not in result.output
@@ -62,6 +62,6 @@ def test_inspect_speech_refuses_text_options(tmp_path, monkeypatch):
 @pytest.mark.parametrize("flag", ["--target"])
 def test_inspect_speech_refuses_target(flag, monkeypatch):
     bundle = whisper()
-    monkeypatch.setattr(qkv.pretrained, "load", lambda name: bundle)
+    monkeypatch.setattr(qkv.pretrained, "load", lambda name, **options: bundle)
     result = runner.invoke(app, ["inspect", "whisper-tiny.en", "x.wav", flag, "hello"])
     assert result.exit_code == 2 and flag in result.output

@@ -133,3 +133,22 @@ def test_alignment_and_the_time_axis_viewer_equal_the_cpu_run(moved, recordings,
     _same(matrix.tolist(), matrix_moved.tolist(), "alignment")
     _same(cross, cross_moved, "viewer's cross-attention layers")
     assert cross and all(S == 60 for _, S, _ in cross), cross  # 30 s in 0.5 s rows
+
+
+def test_the_transcribe_commands_alignment_figure_runs_moved(moved, recordings, tmp_path,
+                                                            monkeypatch):
+    import functools
+
+    import soundfile
+
+    from qkv.cli.transcribe_cmd import _align
+
+    wav = tmp_path / "clip.wav"
+    soundfile.write(wav, recordings[1], 16000)
+    bundle = _bundle()
+    bundle.model.to(moved)
+    for method in ("tokens", "transcript"):  # few tokens: the tiny model's 64 positions
+        monkeypatch.setattr(bundle, method,
+                            functools.partial(getattr(bundle, method), max_new_tokens=6))
+    png = _align(bundle, wav, tmp_path / "a.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

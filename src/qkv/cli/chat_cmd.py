@@ -28,6 +28,7 @@ from qkv.cli.common import (
     FLAG,
     LM_NEW_TOKENS,
     MinP,
+    ModelDevice,
     NoRepeatNgram,
     RepetitionPenalty,
     Seed,
@@ -207,6 +208,7 @@ def command(
     window: Annotated[int, typer.Option(
         "--window", min=8, help="With --endless: the most recent tokens kept.",
     )] = 2044,
+    device: ModelDevice = None,
 ) -> None:
     """Chat with a language model; replies stream as they are generated.
 
@@ -222,7 +224,7 @@ def command(
     # Expected failures (ValueError, OSError, ...) become one line in common.guard.
     console = Console(stderr=True, highlight=False)
     with status(console, f"loading {model} ..."):
-        bundle = pretrained.load(model)
+        bundle = pretrained.load(model, device=device)
     if not isinstance(bundle, pretrained.DecoderBundle):
         raise ValueError(f"{model!r} is a sentence encoder, not a chat model")
     if not getattr(bundle.tokenizer, "chat_template", None):

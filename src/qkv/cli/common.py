@@ -190,44 +190,16 @@ def expected_errors() -> tuple[type[BaseException], ...]:
 
 
 def check_device(value: str, option: str = "--device") -> str:
-    """``value`` when it names a device torch can use on this machine.
-
-    ``cpu``; ``cuda`` / ``cuda:N`` when this torch build has CUDA and GPU ``N`` exists;
-    ``mps`` when available; any other device type torch knows is tried by allocating an
-    empty tensor on it.
+    """``value`` when it names a device torch can use on this machine
+    (:func:`qkv.checks.check_device`, the option named in its errors).
 
     Raises:
         ValueError: ``"--device 'banana' is not a device ..."`` or ``"--device 'cuda' is not
             available: ..."``.
     """
-    import torch
+    from qkv.checks import check_device as checked
 
-    try:
-        device = torch.device(value)
-    except (RuntimeError, TypeError, ValueError):
-        raise ValueError(f"{option} {value!r} is not a device: expected cpu, cuda, cuda:N, "
-                         "mps, ...") from None  # fmt: skip
-    why = ""
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if not torch.backends.cuda.is_built():
-            why = "this torch build has no CUDA (a CPU build); use --device cpu"
-        elif count == 0:
-            why = "no CUDA GPU is visible; use --device cpu"
-        elif device.index is not None and device.index >= count:
-            why = f"GPU {device.index} does not exist ({count} visible: cuda:0..cuda:{count - 1})"
-    elif device.type == "mps":
-        if not torch.backends.mps.is_available():
-            why = "MPS (Apple GPU) is not available on this machine; use --device cpu"
-    elif device.type == "meta":
-        why = "the meta device holds no data; use --device cpu"
-    elif device.type != "cpu":
-        try:
-            torch.empty(0, device=device)
-        except Exception as err:  # any failure means "not usable here"
-            why = " ".join(str(err).split())[:200] or type(err).__name__
-    if why:
-        raise ValueError(f"{option} {value!r} is not available: {why}")
+    checked(value, option)
     return value
 
 
@@ -338,6 +310,10 @@ TopP = Annotated[float | None, typer.Option(
     "--top-p", min=0.0, max=1.0, help="Sample within the nucleus of probability mass p.",
 )]
 Seed = Annotated[int | None, typer.Option("--seed", help="Seed of the sampling.")]
+ModelDevice = Annotated[str | None, typer.Option(
+    "--device", help="Where the model runs: cpu (the default), cuda, cuda:N, mps.",
+    show_default=False,
+)]
 RepetitionPenalty = Annotated[float | None, typer.Option(
     "--repetition-penalty", min=0.0, show_default=False,
     help="Divide (or multiply, if negative) the logits of tokens already in the text by this "

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 from torch import Tensor
 
-from qkv.cli.common import FLAG
+from qkv.cli.common import FLAG, ModelDevice
 from qkv.cli.inputs import read_items
 from qkv.cli.outputs import check_out_file, print_jsonl, write_embeddings
 from qkv.cli.progress import Stages
@@ -85,6 +85,7 @@ def command(
         help="Print one JSON object per text ({\"text\", \"embedding\"}) instead "
         "of the similarity table.",
     )] = False,
+    device: ModelDevice = None,
 ) -> None:
     """Embed texts with a sentence encoder and print their cosine-similarity table.
 
@@ -103,7 +104,7 @@ def command(
     # Expected failures (ValueError, OSError, ...) become one line in common.guard.
     stages = Stages("embed")  # stderr: spinners on a terminal, a line per stage in a pipe
     with stages.stage(f"loading {model}"):
-        bundle = pretrained.load(model)
+        bundle = pretrained.load(model, device=device)
     with stages.stage(f"embedding {len(items)} texts"):
         embeddings, cosine = pretrained.embed(items, bundle, batch_size=batch_size)
     if out is not None:

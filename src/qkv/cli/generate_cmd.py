@@ -35,6 +35,7 @@ from qkv.cli.common import (
     BeamAlias,
     BeamSize,
     MinP,
+    ModelDevice,
     NoRepeatNgram,
     RepetitionPenalty,
     Seed,
@@ -150,7 +151,8 @@ def decoding_options(
 
 def generate_from_checkpoint(
     path: str | Path, prompts: list[str], *, max_new_tokens: int | None = None,
-    add_bos: bool = True, quantize: str | None = None, **options: Any,
+    add_bos: bool = True, quantize: str | None = None, device: str | None = None,
+    **options: Any,
 ) -> list[str]:  # fmt: skip
     """Decode ``prompts`` with a qkv checkpoint's model and tokenizers.
 
@@ -164,6 +166,7 @@ def generate_from_checkpoint(
         add_bos: start a DecoderLM's prompt with BOS (as :func:`qkv.generate.complete`).
         quantize: None, ``"int8"`` or ``"int4"``: weight-only quantised linears
             (:func:`qkv.nn.quantized.quantize_`).
+        device: None (the CPU) or where the model runs (``"cuda"``, ...).
         **options: :func:`decoding_options`' result (temperature, top_k, top_p, seed, or
             beam_size; ``compile``).
 
@@ -184,6 +187,8 @@ def generate_from_checkpoint(
         from qkv.nn.quantized import quantize_
 
         quantize_(model, quantize)
+    if device is not None:
+        model.to(device)
     if isinstance(model, Seq2SeqTransformer):
         if "src" not in toks or "tgt" not in toks:
             raise ValueError(f"{path}: a Seq2SeqTransformer checkpoint needs tokenizers 'src' "
@@ -332,6 +337,7 @@ def command(
         "--quantize", help="Weight-only quantised linears (int8: 4x fewer bytes a weight, "
         "faster decoding on a CPU).", show_default=False,
     )] = None,
+    device: ModelDevice = None,
 ) -> None:
     """Generate text from a checkpoint `qkv train` wrote, or from a pretrained model.
 
@@ -378,12 +384,13 @@ def command(
         with stages.stage(f"loading {source.location} and {doing}"):
             texts = generate_from_checkpoint(source.location, prompts, add_bos=bos,
                                              max_new_tokens=max_new_tokens, quantize=mode,
-                                             **options)  # fmt: skip
+                                             device=device, **options)  # fmt: skip
     else:
         from qkv import pretrained
 
         with stages.stage(f"loading {source.location}"):
-            bundle = pretrained.load(source.location, **({"quantize": mode} if mode else {}))
+            bundle = pretrained.load(source.location, device=device,
+                                     **({"quantize": mode} if mode else {}))
         if stream:
             texts = stream_from_bundle(bundle, prompts, max_new_tokens=max_new_tokens,
                                        chat=chat, console=console, **options)  # fmt: skip

@@ -19,7 +19,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from qkv.cli.common import status
+from qkv.cli.common import ModelDevice, status
 
 __all__ = ["command", "serve"]
 
@@ -40,7 +40,8 @@ def _web_stack() -> tuple[object, object]:
 
 
 def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16,
-          max_tokens: int = 1024, num_blocks: int | None = None) -> None:  # fmt: skip
+          max_tokens: int = 1024, num_blocks: int | None = None,
+          device: str | None = None) -> None:  # fmt: skip
     """Load ``model`` and serve it until SIGTERM / Ctrl-C (arguments as the command's options).
 
     Raises:
@@ -53,7 +54,7 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, max_batch: i
 
     console = Console(stderr=True, highlight=False)
     with status(console, f"loading {model} ..."):
-        bundle = pretrained.load(model)
+        bundle = pretrained.load(model, device=device)
     if not isinstance(bundle, pretrained.DecoderBundle):
         raise ValueError(f"{model!r} is a sentence encoder, not a language model")
     engine = BatchingEngine(bundle.model, eos_id=bundle.eos_id, max_batch=max_batch,
@@ -90,6 +91,7 @@ def command(
         "the pool \\[default: --max-batch sequences of 1024 positions]; a request waits until "
         "its blocks are free.",
     )] = None,
+    device: ModelDevice = None,
 ) -> None:
     """Serve a language model over HTTP with OpenAI's API (completions and chat), requests
     batched together.
@@ -102,4 +104,4 @@ def command(
     # uvicorn re-raises the Ctrl-C it handled once it has stopped: nothing is left to do.
     with contextlib.suppress(KeyboardInterrupt):
         serve(model, host=host, port=port, max_batch=max_batch, max_tokens=max_tokens,
-              num_blocks=num_blocks)  # fmt: skip
+              num_blocks=num_blocks, device=device)  # fmt: skip

@@ -31,6 +31,7 @@ from qkv.cli.common import (
     SPEECH_NEW_TOKENS,
     BeamAlias,
     BeamSize,
+    ModelDevice,
     beam_of,
     check_out_folder,
 )
@@ -55,7 +56,8 @@ def _align(bundle, audio: Path, png: Path) -> Path:
     from qkv.pretrained import audio as audio_mod
 
     samples = next(audio_mod.audio_windows(audio))  # the first 30 s, read alone
-    features = bundle.features(samples)  # (1, n_mels, 3000)
+    weight = next(bundle.model.parameters())  # features go to the model's device and dtype
+    features = bundle.features(samples).to(weight)  # (1, n_mels, 3000)
     output = bundle.tokens(features)[0]
     tokens = [*bundle.prompt, *output]
     heads = bundle.alignment_heads or None
@@ -219,6 +221,7 @@ def command(
         "--json", metavar=FLAG, help="Print one JSON object per file ({\"file\", \"text\", "
         "\"segments\"}), one per line.",
     )] = False,
+    device: ModelDevice = None,
 ) -> None:
     """Transcribe speech to text, offline, with Whisper on qkv's attention.
 
@@ -248,7 +251,7 @@ def command(
     # Expected failures (ValueError, OSError, ...) become one line in common.guard.
     stages = Stages("transcribe")  # stderr: spinners on a terminal, a line per stage in a pipe
     with stages.stage(f"loading {model}"):
-        bundle = pretrained.load(model)
+        bundle = pretrained.load(model, device=device)
     if not isinstance(bundle, SpeechBundle):
         raise ValueError(f"--model {model!r} is not a speech model (expected a Whisper folder)")
     # beam_size only when asked: the default is greedy

@@ -16,6 +16,7 @@ from qkv.cli.common import (
     TRANSLATION_NEW_TOKENS,
     BeamAlias,
     BeamSize,
+    ModelDevice,
     beam_of,
     blank_output_hint,
     warn,
@@ -87,13 +88,15 @@ def _nonempty(texts: list[str], translate: Callable[[list[str]], list[str]]) -> 
 
 def translate_texts(checkpoint: str | Path, texts: list[str], *, beam: int | None = None,
                     max_new_tokens: int | None = None, compile: bool = False,
-                    on_warning: Callable[[str], None] | None = None) -> list[str]:  # fmt: skip
+                    on_warning: Callable[[str], None] | None = None,
+                    device: str | None = None) -> list[str]:  # fmt: skip
     """Translate ``texts`` with the encoder-decoder checkpoint at ``checkpoint``; an empty (or
     blank) text gives ``""`` without running the model.
 
     Args:
         on_warning: called with each of :func:`input_warnings`' lines (empty texts, characters
             the source tokenizer never saw).
+        device: None (the CPU) or where the model runs (``"cuda"``, ...).
 
     Raises:
         FileNotFoundError: no checkpoint; ValueError: a corrupt one, a decoder-only model,
@@ -104,6 +107,8 @@ def translate_texts(checkpoint: str | Path, texts: list[str], *, beam: int | Non
     _check(texts, beam, compile)
     ckpt, folder, _ = load_run(checkpoint)
     model, src_tok, tgt_tok = seq2seq_parts(ckpt, folder, "translate")
+    if device is not None:
+        model.to(device)
     for line in input_warnings(texts, src_tok):
         if on_warning is not None:
             on_warning(line)
@@ -114,13 +119,15 @@ def translate_texts(checkpoint: str | Path, texts: list[str], *, beam: int | Non
 
 def translate_pretrained(model: str | Path, texts: list[str], *, beam: int | None = None,
                          max_new_tokens: int | None = None, compile: bool = False,
-                         on_warning: Callable[[str], None] | None = None) -> list[str]:  # fmt: skip
+                         on_warning: Callable[[str], None] | None = None,
+                         device: str | None = None) -> list[str]:  # fmt: skip
     """Translate ``texts`` with a pretrained encoder-decoder (``qkv.pretrained.load(model)``);
     an empty (or blank) text gives ``""`` without running the model.
 
     Args:
         on_warning: called with a line for each empty text (:func:`input_warnings`; a
             pretrained tokenizer's unknown characters are not checked).
+        device: None (the CPU) or where the model runs (``"cuda"``, ...).
 
     Raises:
         ValueError: no texts, a bad beam size, a model that is not an encoder-decoder, a
@@ -130,7 +137,7 @@ def translate_pretrained(model: str | Path, texts: list[str], *, beam: int | Non
     from qkv.pretrained.seq2seq_bundle import Seq2SeqBundle
 
     _check(texts, beam, compile)
-    bundle = load(model)
+    bundle = load(model, device=device)
     if not isinstance(bundle, Seq2SeqBundle):
         raise ValueError(f"--model {str(model)!r} is a {type(bundle.model).__name__}, not an "
                          "encoder-decoder; qkv translate needs BART, T5 or Marian")  # fmt: skip
@@ -175,6 +182,7 @@ def command(
         "--json", metavar=FLAG, help="Print one JSON object per text ({\"source\", "
         "\"translation\"}), one per line.",
     )] = False,
+    device: ModelDevice = None,
 ) -> None:
     """Translate texts with a trained encoder-decoder checkpoint, or a pretrained one with
     --model; one output per line.
@@ -202,10 +210,11 @@ def command(
     _check(texts, beam, compile, typed)  # the options as typed, before anything loads
     if model is not None:
         outputs = translate_pretrained(model, texts, beam=beam, max_new_tokens=max_new_tokens,
-                                       compile=compile, on_warning=warn)  # fmt: skip
+                                       compile=compile, on_warning=warn,
+                                       device=device)  # fmt: skip
     else:
         outputs = translate_texts(checkpoint, texts, beam=beam, max_new_tokens=max_new_tokens,
-                                  compile=compile, on_warning=warn)  # fmt: skip
+                                  compile=compile, on_warning=warn, device=device)  # fmt: skip
     if as_json:
         print_jsonl({"source": t, "translation": o} for t, o in zip(texts, outputs, strict=True))
     else:

@@ -88,7 +88,8 @@ class EncoderBundle:
             batch_size: texts per forward pass.
 
         Returns:
-            ``(N, E)`` float32 (one row for a single string: ``(1, E)``).
+            ``(N, E)`` float32 on the CPU, whatever the model's device (one row for a single
+            string: ``(1, E)``).
 
         Raises:
             TypeError: non-string texts.
@@ -101,17 +102,20 @@ class EncoderBundle:
             return torch.zeros((0, E))
         with torch.inference_mode():
             ids, keep = self.tokenizer.encode_batch(items)  # (N, S) each, right-padded
+            device = next(self.model.parameters()).device
+            ids_on, keep_on = ids.to(device), keep.to(device)  # the model's inputs
             lengths = keep.sum(dim=1)  # (N,)
             order = torch.argsort(lengths, descending=True, stable=True)  # (N,)
             out = torch.empty((len(items), E))  # (N, E)
             for start in range(0, len(items), batch_size):
                 rows = order[start : start + batch_size]  # (B,)
                 S = int(lengths[rows[0]])  # the batch's longest row (sorted descending)
-                hidden = self.model(ids[rows, :S], attention_mask=keep[rows, :S])  # (B, S, E)
-                pooled = self.model.pool(hidden, keep[rows, :S])  # (B, E)
+                on = rows.to(device)
+                hidden = self.model(ids_on[on, :S], attention_mask=keep_on[on, :S])  # (B, S, E)
+                pooled = self.model.pool(hidden, keep_on[on, :S])  # (B, E)
                 if self.normalize:
                     pooled = F.normalize(pooled, p=2.0, dim=1)
-                out[rows] = pooled.float()
+                out[rows] = pooled.float().cpu()
         return out.clone()  # an ordinary tensor (made in inference mode)
 
     def similarity(self, texts: Sequence[str], batch_size: int = 32) -> Tensor:

@@ -29,7 +29,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from qkv.checkpoint import is_qkv_checkpoint
+from qkv.checks import check_device
 from qkv.data.files import BadFileError, MissingFileError
 from qkv.nn.quantized import MODES, quantize_
 from qkv.pretrained.bundle import DecoderBundle, EncoderBundle
@@ -169,7 +172,8 @@ def _load_path(path: Path, name: str) -> Bundle:
     )
 
 
-def load(name_or_path: str | os.PathLike, *, quantize: str | None = None) -> Bundle:
+def load(name_or_path: str | os.PathLike, *, quantize: str | None = None,
+         device: str | torch.device | None = None) -> Bundle:
     """Load a pretrained model with its tokenizer, offline.
 
     Every file is checked before it is trusted: a config is compared with the tensor shapes
@@ -187,6 +191,10 @@ def load(name_or_path: str | os.PathLike, *, quantize: str | None = None) -> Bun
             faster greedy SmolLM2-135M eager, 2.4x with ``compile=True``, on this project's
             2-core machine); int4 halves that again but its unpacking is slower than float32
             there. Checked before anything is read.
+        device: None (the CPU) or where the model goes once loaded and checked (``"cuda"``,
+            ``"cuda:1"``, a ``torch.device``): the weights are read on the CPU, then moved.
+            The bundle's methods take their inputs to the model's device, and their results
+            come back as they do on the CPU. Checked before anything is read.
 
     Returns:
         An :class:`~qkv.pretrained.bundle.EncoderBundle` (``.encode(texts)``), a
@@ -207,11 +215,14 @@ def load(name_or_path: str | os.PathLike, *, quantize: str | None = None) -> Bun
     """
     if quantize is not None and quantize not in MODES:
         raise ValueError(f"quantize must be None or one of {MODES}, got {quantize!r:.80}")
+    where = None if device is None else check_device(device, "device")
     bundle = _load(name_or_path)
     if quantize is not None:
         quantize_(bundle.model, quantize)
         if isinstance(getattr(bundle, "source", None), dict):
             bundle.source = {**bundle.source, "quantize": quantize}
+    if where is not None and where.type != "cpu":
+        bundle.model.to(where)
     return bundle
 
 
