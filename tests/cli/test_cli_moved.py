@@ -1,5 +1,5 @@
 """``--device`` on the commands that run a model (generate, chat, serve, translate, embed,
-transcribe) and ``qkv.pretrained.load(..., device=)``: the model runs there and prints what
+transcribe, inspect) and ``qkv.pretrained.load(..., device=)``: the model runs there and prints what
 it prints on the CPU; a device that is not there is one line naming it.
 
 The device is CUDA under ``QKV_TEST_DEVICE=cuda`` and torch's lazy-tensor device elsewhere
@@ -82,6 +82,31 @@ def test_device_prints_what_the_cpu_prints(moved, checkpoints, name):
     assert on_cpu.strip(), "nothing printed: the comparison covered nothing"
 
 
+@pytest.mark.parametrize("name,extra", [("lm", ["--generate", "3"]), ("s2s", [])])
+def test_inspect_draws_what_the_cpu_draws(moved, checkpoints, tmp_path, name, extra):
+    runs = {}
+    for where in ("cpu", str(moved)):
+        out = tmp_path / where.replace(":", "_")
+        _out(["inspect", str(checkpoints[name]), "the cat", "--out", str(out), "--device", where,
+              *extra])
+        trace = json.loads((out / "trace.json").read_text())
+        runs[where] = (sorted(p.name for p in out.iterdir()), trace)
+    (files, trace), (files_moved, trace_moved) = runs.values()
+    assert files_moved == files and "viewer.html" in files
+    assert json.dumps(trace_moved) == json.dumps(trace) or _near(trace_moved, trace)
+
+
+def _near(a, b) -> bool:
+    """``a`` equals ``b`` but for floats within 1e-6 (another device's rounding)."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_near(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_near(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float):
+        return abs(a - b) <= 1e-6 * max(1.0, abs(b))
+    return a == b
+
+
 def test_load_puts_the_model_on_the_device(moved, checkpoints):
     bundle = qkv.pretrained.load(checkpoints["encoder"], device=moved)
     assert next(bundle.model.parameters()).device.type == moved.type
@@ -92,7 +117,7 @@ def test_load_puts_the_model_on_the_device(moved, checkpoints):
 
 
 @pytest.mark.parametrize("command", ["generate", "chat", "serve", "translate", "embed",
-                                     "transcribe"])
+                                     "transcribe", "inspect"])
 def test_a_device_that_is_not_there_is_one_line(command):
     result = runner.invoke(app, [command, "--device", "banana", *(["x"] * (command != "chat"))])
     assert result.exit_code == 2, result.output

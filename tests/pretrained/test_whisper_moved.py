@@ -135,12 +135,13 @@ def test_alignment_and_the_time_axis_viewer_equal_the_cpu_run(moved, recordings,
     assert cross and all(S == 60 for _, S, _ in cross), cross  # 30 s in 0.5 s rows
 
 
-def test_the_transcribe_commands_alignment_figure_runs_moved(moved, recordings, tmp_path,
-                                                            monkeypatch):
+def test_the_commands_alignment_figure_and_speech_viewer_run_moved(moved, recordings, tmp_path,
+                                                                  monkeypatch):
     import functools
 
     import soundfile
 
+    from qkv.cli.inspect_speech import inspect_speech
     from qkv.cli.transcribe_cmd import _align
 
     wav = tmp_path / "clip.wav"
@@ -150,5 +151,7 @@ def test_the_transcribe_commands_alignment_figure_runs_moved(moved, recordings, 
     for method in ("tokens", "transcript"):  # few tokens: the tiny model's 64 positions
         monkeypatch.setattr(bundle, method,
                             functools.partial(getattr(bundle, method), max_new_tokens=6))
-    png = _align(bundle, wav, tmp_path / "a.png")
+    png = _align(bundle, wav, tmp_path / "a.png")  # qkv transcribe --align
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    files, _ = inspect_speech(bundle, wav, tmp_path / "inspect", title="moved")  # qkv inspect
+    assert files["viewer"].stat().st_size > 10_000

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from qkv.checkpoint import is_qkv_checkpoint, load_checkpoint
+from qkv.cli.common import ModelDevice
 from qkv.cli.inputs import read_items
 from qkv.cli.inspect_speech import inspect_speech
 from qkv.cli.progress import Stages
@@ -44,8 +45,9 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
 
 
-def load_model(name: str) -> tuple[Any, torch.nn.Module, Any, Any]:
-    """``(bundle or None, model in eval mode, source tokenizer, target tokenizer or None)``.
+def load_model(name: str, device: str | None = None) -> tuple[Any, torch.nn.Module, Any, Any]:
+    """``(bundle or None, model in eval mode, source tokenizer, target tokenizer or None)``,
+    the model on ``device`` (None: the CPU).
 
     The bundle is what :func:`qkv.pretrained.load` returned (None for a qkv checkpoint).
 
@@ -62,10 +64,10 @@ def load_model(name: str) -> tuple[Any, torch.nn.Module, Any, Any]:
         ck = load_checkpoint(path)
         toks = ck.tokenizers
         src = toks.get("src") or toks.get("text") or next(iter(toks.values()), None)
-        return None, ck.model.eval(), src, toks.get("tgt")
+        return None, ck.model.eval().to(device or "cpu"), src, toks.get("tgt")
     from qkv.pretrained import load
 
-    bundle = load(name)
+    bundle = load(name, device=device)
     return bundle, bundle.model.eval(), bundle.tokenizer, None
 
 
@@ -109,7 +111,8 @@ def prepare_inputs(model: torch.nn.Module, src_tok: Any, tgt_tok: Any, text: str
     if len(ids) > max_tokens:
         notes.append(f"input cut to its first {max_tokens} of {len(ids)} tokens (--max-tokens)")
         ids = ids[:max_tokens]
-    p = Prepared(model, torch.tensor([ids]), _labels(src_tok, ids), notes=notes)
+    device = next(model.parameters()).device  # the inputs go where the model is
+    p = Prepared(model, torch.tensor([ids], device=device), _labels(src_tok, ids), notes=notes)
     if seq2seq:
         tgt_tok = tgt_tok or src_tok
         bos = model.config.bos_id
@@ -122,7 +125,7 @@ def prepare_inputs(model: torch.nn.Module, src_tok: Any, tgt_tok: Any, text: str
         else:
             tgt = _encode(tgt_tok, target)
         row = [bos, *tgt][:max_tokens]
-        p.target = torch.tensor([row])
+        p.target = torch.tensor([row], device=device)
         p.target_tokens = ["⟨bos⟩", *_labels(tgt_tok, row[1:])]
     return p
 
@@ -148,7 +151,7 @@ def add_generation(p: Prepared, tokenizer: Any, new_tokens: int) -> Any:
                          f"max_len={limit}; lower --generate or --max-tokens")  # fmt: skip
     gen = record_generation(p.model, p.input_ids, new_tokens)
     new = gen.new_ids.tolist()
-    p.input_ids = gen.ids[None]  # (1, P + N)
+    p.input_ids = gen.ids[None].to(p.input_ids.device)  # (1, P + N)
     p.tokens = p.tokens + _labels(tokenizer, new)
     p.notes.append(f"generated {len(new)} tokens greedily with the KV cache: "
                    f"{tokenizer.decode(new)!r}")  # fmt: skip
@@ -182,6 +185,7 @@ def command(
         "--generate", help="Decoder-only models: greedy-generate this many tokens after the "
         "text (KV cache on) and add the generation timeline to the viewer.", min=0,
     )] = 0,
+    device: ModelDevice = None,
 ) -> None:
     """Draw a model's attention for one text: PNGs, the last token's journey, the viewer.
 
@@ -214,7 +218,7 @@ def command(
     text = items[0]
     stages = Stages("inspect")  # stderr: a spinner on a terminal, a line per stage in a pipe
     with stages.stage(f"loading {model}"):
-        bundle, net, src_tok, tgt_tok = load_model(model)
+        bundle, net, src_tok, tgt_tok = load_model(model, device)
     if getattr(net, "encodes_tokens", True) is False:  # a speech model: TEXT is an audio file
         if target is not None or generate or input_file is not None:
             raise ValueError("--target, --generate and --input are for text models; a speech "

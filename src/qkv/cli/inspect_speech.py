@@ -40,7 +40,8 @@ def inspect_speech(bundle: Any, audio: Path, out: Path, *, title: str,
     stage = stages.stage if stages is not None else (lambda text: contextlib.nullcontext())
     with stage("transcribing the first 30 s"):
         samples = next(audio_mod.audio_windows(audio))  # the first 30 s, read alone
-        features = bundle.features(samples)  # (1, n_mels, 3000)
+        weight = next(bundle.model.parameters())  # features go to the model's device, dtype
+        features = bundle.features(samples).to(weight)  # (1, n_mels, 3000)
         output = bundle.tokens(features)[0]
     tokens = [*bundle.prompt, *output]
     labels = [bundle.tokenizer.decode([t]) for t in tokens]
@@ -55,7 +56,7 @@ def inspect_speech(bundle: Any, audio: Path, out: Path, *, title: str,
             title=f"{audio.name}: cross-attention, {len(heads or [])} alignment heads averaged",
         )
     with stage("writing the viewer"):
-        target = torch.tensor([tokens])  # (1, T)
+        target = torch.tensor([tokens], device=features.device)  # (1, T)
         page = view(bundle.model, None, out / "viewer.html", input_ids=features,
                     target=target, target_tokens=labels, key_axis="time",
                     frame_seconds=audio_mod.FRAME_SECONDS, time_bin=TIME_BIN,
