@@ -1,5 +1,5 @@
 """``--device`` on the commands that run a model (generate, chat, serve, translate, embed,
-transcribe, inspect) and ``qkv.pretrained.load(..., device=)``: the model runs there and prints what
+transcribe, inspect, eval) and ``qkv.pretrained.load(..., device=)``: the model runs there and prints what
 it prints on the CPU; a device that is not there is one line naming it.
 
 The device is CUDA under ``QKV_TEST_DEVICE=cuda`` and torch's lazy-tensor device elsewhere
@@ -10,6 +10,7 @@ qkv checkpoints with their own tokenizers.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -46,7 +47,10 @@ def checkpoints(tmp_path_factory):
                                            dropout=0.0)).eval()
     encoder = Encoder(EncoderConfig(ByteTokenizer().vocab_size, d_model=16, num_layers=1,
                                     num_heads=2)).eval()
-    return {"lm": save_checkpoint(root / "lm", lm, tokenizers={"text": TOK}),
+    (root / "pairs.tsv").write_text("source\ttarget\nthe cat\tthe mat\na dog\ta log\n")
+    (root / "text.txt").write_text(TEXT * 3)
+    return {"pairs": root / "pairs.tsv", "text": root / "text.txt",
+            "lm": save_checkpoint(root / "lm", lm, tokenizers={"text": TOK}),
             "s2s": save_checkpoint(root / "s2s", s2s, tokenizers={"src": TOK, "tgt": TOK}),
             "encoder": save_checkpoint(root / "enc", encoder,
                                        tokenizers={"text": ByteTokenizer()})}
@@ -66,6 +70,8 @@ COMMANDS = {
                                   "-n", "6"],
     "translate": lambda c: ["translate", str(c["s2s"]), "the cat", "a dog", "-n", "6"],
     "embed": lambda c: ["embed", "--model", str(c["encoder"]), "ab", "", "abc", "--json"],
+    "eval, pairs": lambda c: ["eval", str(c["s2s"]), "--pairs", str(c["pairs"])],
+    "eval, text": lambda c: ["eval", str(c["lm"]), "--text", str(c["text"])],
 }
 
 
@@ -77,6 +83,11 @@ def test_device_prints_what_the_cpu_prints(moved, checkpoints, name):
         rows = [json.loads(line)["embedding"] for line in on_cpu.splitlines()]
         moved_rows = [json.loads(line)["embedding"] for line in on_device.splitlines()]
         assert moved_rows == [pytest.approx(r, abs=1e-5) for r in rows]
+    elif name.startswith("eval"):  # printed metrics: the last digit may round either way
+        numbers = r"-?\d+\.\d+"
+        assert re.sub(numbers, "#", on_device) == re.sub(numbers, "#", on_cpu), on_device
+        assert [float(x) for x in re.findall(numbers, on_device)] == pytest.approx(
+            [float(x) for x in re.findall(numbers, on_cpu)], rel=1e-3, abs=1e-3)
     else:
         assert on_device == on_cpu
     assert on_cpu.strip(), "nothing printed: the comparison covered nothing"
@@ -117,7 +128,7 @@ def test_load_puts_the_model_on_the_device(moved, checkpoints):
 
 
 @pytest.mark.parametrize("command", ["generate", "chat", "serve", "translate", "embed",
-                                     "transcribe", "inspect"])
+                                     "transcribe", "inspect", "eval"])
 def test_a_device_that_is_not_there_is_one_line(command):
     result = runner.invoke(app, [command, "--device", "banana", *(["x"] * (command != "chat"))])
     assert result.exit_code == 2, result.output

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from qkv.cli.common import BeamAlias, BeamSize, beam_of
+from qkv.cli.common import BeamAlias, BeamSize, ModelDevice, beam_of
 from qkv.train.runs import load_run, seq2seq_parts
 from qkv.train.spec import DataSpec, load_dataset
 
@@ -34,6 +34,7 @@ def evaluate_checkpoint(
     source_column: str | None = None,
     target_column: str | None = None,
     text_column: str | None = None,
+    device: str | None = None,
 ) -> tuple[dict[str, float], str]:
     """Metrics of the checkpoint at ``checkpoint`` and a description of the data.
 
@@ -51,6 +52,7 @@ def evaluate_checkpoint(
         source_column, target_column: ``pairs``' column or key names.
         text_column: ``text``: the column (``.csv``/``.tsv``) or key (``.jsonl``; default
             ``"text"``) of its records, as ``qkv train --text-column`` reads them.
+        device: None (the CPU) or where the model runs (``"cuda"``, ...).
 
     Returns:
         ``(metrics, what was evaluated)``; seq2seq metrics hold ``"bleu"`` only when the
@@ -71,6 +73,8 @@ def evaluate_checkpoint(
     if sum(x is not None for x in (task, pairs, text)) > 1:
         raise ValueError("give at most one of --task, --pairs and --text")
     ckpt, folder, spec = load_run(checkpoint)
+    if device is not None:
+        ckpt.model.to(device)
     data: Any
     if pairs is not None:
         data = load_pairs(pairs, source=source_column, target=target_column)
@@ -135,6 +139,7 @@ def command(
     )] = None,
     beam_size: BeamSize = None,
     beam: BeamAlias = None,
+    device: ModelDevice = None,
 ) -> None:
     """Evaluate a checkpoint: exact match, BLEU, chrF (or loss and perplexity for text).
 
@@ -162,7 +167,7 @@ def command(
                                         split=split, seed=seed, beam=beam,
                                         source_column=source_column,
                                         target_column=target_column,
-                                        text_column=text_column)  # fmt: skip
+                                        text_column=text_column, device=device)  # fmt: skip
     console = Console(highlight=False, soft_wrap=True)
     console.print(f"{checkpoint}: {what}", markup=False)
     console.print(metrics_text(metrics), markup=False)
