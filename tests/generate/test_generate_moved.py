@@ -61,7 +61,7 @@ CASES = {
     "continuous batching": _served,
     "int8 weights": lambda m, ids: qg.greedy(quantize_(m, "int8"), ids, max_new_tokens=5),
     "int4 weights": lambda m, ids: qg.greedy(quantize_(m, "int4", group_size=8), ids,
-                                             max_new_tokens=5),
+                                             max_new_tokens=3),
 }
 
 
