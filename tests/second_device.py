@@ -17,6 +17,7 @@ Two of its own limits are worked around for a test's duration, neither changing 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -56,3 +57,26 @@ def second_device(monkeypatch) -> torch.device:
     monkeypatch.setattr(torch, "inference_mode", _no_grad)
     monkeypatch.setattr(torch.Tensor, "__iter__", _rows)
     return torch.device("lazy")
+
+
+def assert_same_run(on_cpu, moved, where: str = "result") -> None:
+    """``moved == on_cpu`` through dataclasses, dicts, lists and tensors (``moved``'s may be on
+    the device); floats and float tensors to 1e-6 relative: the work is float64 but log-probs
+    and losses are float32, which another device rounds differently."""
+    if isinstance(on_cpu, torch.Tensor):
+        on_cpu, moved = on_cpu.tolist(), moved.cpu().tolist()
+    if dataclasses.is_dataclass(on_cpu):
+        on_cpu, moved = dataclasses.asdict(on_cpu), dataclasses.asdict(moved)
+    if isinstance(on_cpu, dict):
+        assert on_cpu.keys() == moved.keys(), where
+        for k in on_cpu:
+            assert_same_run(on_cpu[k], moved[k], f"{where}.{k}")
+    elif isinstance(on_cpu, (list, tuple)):
+        assert len(moved) == len(on_cpu), f"{where}: {len(on_cpu)} on the CPU, {len(moved)} moved"
+        for i, (x, y) in enumerate(zip(on_cpu, moved, strict=True)):
+            assert_same_run(x, y, f"{where}[{i}]")
+    elif isinstance(on_cpu, float):
+        assert moved == pytest.approx(on_cpu, rel=1e-6, abs=1e-9), (
+            f"{where}: {on_cpu} on the CPU, {moved} moved")
+    else:
+        assert moved == on_cpu, f"{where}: {on_cpu!r} on the CPU, {moved!r} moved"

@@ -29,6 +29,7 @@ from qkv.models import (
     Seq2SeqTransformer,
 )
 from qkv.train import save_checkpoint
+from second_device import assert_same_run
 
 runner = CliRunner(env={"COLUMNS": "200", "TERMINAL_WIDTH": "200", "NO_COLOR": "1"})
 TEXT = "the cat sat on the mat. the dog sat on the log. "
@@ -93,7 +94,8 @@ def test_device_prints_what_the_cpu_prints(moved, checkpoints, name):
     assert on_cpu.strip(), "nothing printed: the comparison covered nothing"
 
 
-@pytest.mark.parametrize("name,extra", [("lm", ["--generate", "3"]), ("s2s", [])])
+@pytest.mark.parametrize("name,extra", [("lm", ["--generate", "3"]),
+                                        ("s2s", ["--target", "the mat"])])
 def test_inspect_draws_what_the_cpu_draws(moved, checkpoints, tmp_path, name, extra):
     runs = {}
     for where in ("cpu", str(moved)):
@@ -104,18 +106,7 @@ def test_inspect_draws_what_the_cpu_draws(moved, checkpoints, tmp_path, name, ex
         runs[where] = (sorted(p.name for p in out.iterdir()), trace)
     (files, trace), (files_moved, trace_moved) = runs.values()
     assert files_moved == files and "viewer.html" in files
-    assert json.dumps(trace_moved) == json.dumps(trace) or _near(trace_moved, trace)
-
-
-def _near(a, b) -> bool:
-    """``a`` equals ``b`` but for floats within 1e-6 (another device's rounding)."""
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_near(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return len(a) == len(b) and all(_near(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float):
-        return abs(a - b) <= 1e-6 * max(1.0, abs(b))
-    return a == b
+    assert_same_run(trace, trace_moved, "trace.json")
 
 
 def test_load_puts_the_model_on_the_device(moved, checkpoints):

@@ -9,16 +9,15 @@ made on the CPU before. A tiny random decoder in float64.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
 import qkv.inspect as qi
-from helpers import assert_close
 from qkv.inspect.induction import repeated_tokens, train_on_repeats
 from qkv.models import DecoderLM, DecoderLMConfig
+from second_device import assert_same_run
 
 IDS = torch.randint(0, 30, (2, 9), generator=torch.Generator().manual_seed(1), device="cpu")
 
@@ -65,26 +64,6 @@ CASES = {
 }
 
 
-def _same(a, b, where: str) -> None:
-    if isinstance(a, torch.Tensor):
-        assert_close(b.cpu(), a, atol=1e-9, rtol=1e-9, name=where)
-    elif dataclasses.is_dataclass(a):
-        _same(dataclasses.asdict(a), dataclasses.asdict(b), where)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            _same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _same(x, y, f"{where}[{i}]")
-    elif isinstance(a, float):
-        # float64 work, but a loss is float32: another device's rounding differs there
-        assert b == pytest.approx(a, rel=1e-6, abs=1e-9), f"{where}: {a} on the CPU, {b} moved"
-    else:
-        assert a == b, f"{where}: {a!r} on the CPU, {b!r} moved"
-
-
 @pytest.mark.parametrize("name", CASES)
 def test_equals_the_cpu_run(moved, tmp_path, name):
     run = CASES[name]
@@ -92,4 +71,4 @@ def test_equals_the_cpu_run(moved, tmp_path, name):
     (tmp_path / "moved").mkdir()
     on_cpu = run(_model(), IDS, tmp_path / "cpu")
     on_device = run(_model().to(moved), IDS.to(moved), tmp_path / "moved")
-    _same(on_cpu, on_device, name)
+    assert_same_run(on_cpu, on_device, name)

@@ -11,8 +11,6 @@ Whisper's special and timestamp tokens.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
@@ -21,6 +19,7 @@ from tokenizers import Tokenizer, decoders, models
 from qkv.models.speech import SpeechSeq2Seq, SpeechSeq2SeqConfig
 from qkv.pretrained.transcript_options import TranscribeOptions
 from qkv.pretrained.whisper import SpeechBundle
+from second_device import assert_same_run
 
 WORDS = [f"▁w{i}" for i in range(40)] + [".", ","]
 SPECIAL = ["<|endoftext|>", "<|startoftranscript|>", "<|startofprev|>", "<|nocaptions|>",
@@ -51,25 +50,6 @@ def recordings() -> list[np.ndarray]:
     return [(rng.standard_normal(16000 * n) * 0.1).astype(np.float32) for n in (35, 12)]
 
 
-def _same(a, b, where: str = "transcript") -> None:
-    """``a == b``, numbers to 1e-6 relative (the decoding's log-probabilities are float32:
-    another device rounds them differently)."""
-    if dataclasses.is_dataclass(a):
-        a, b = dataclasses.asdict(a), dataclasses.asdict(b)
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            _same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), f"{where}: {len(a)} items on the CPU, {len(b)} moved"
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _same(x, y, f"{where}[{i}]")
-    elif isinstance(a, float):
-        assert b == pytest.approx(a, rel=1e-6, abs=1e-9), f"{where}: {a} on the CPU, {b} moved"
-    else:
-        assert a == b, f"{where}: {a!r} on the CPU, {b!r} moved"
-
-
 def _on_both(moved, run):
     """``run(bundle)`` with the model on the CPU, then moved: both results."""
     bundle = _bundle()
@@ -92,7 +72,7 @@ OPTIONS = {
 def test_transcripts_equal_the_cpu_run(moved, recordings, name):
     o = TranscribeOptions(**OPTIONS[name], batch_size=2)
     on_cpu, on_device = _on_both(moved, lambda b: list(b.transcripts(recordings, o)))
-    _same(on_cpu, on_device)
+    assert_same_run(on_cpu, on_device)
     segments = [s for t in on_cpu for s in t.segments]
     assert segments, "no segment: the comparison covered nothing"
     if name == "words and fallback":
@@ -106,7 +86,7 @@ def test_short_form_text_and_streaming_equal_the_cpu_run(moved, recordings):
                 list(b.stream(recordings[1], max_new_tokens=6)))
 
     on_cpu, on_device = _on_both(moved, run)
-    _same(on_cpu, on_device)
+    assert_same_run(on_cpu, on_device)
     assert on_cpu[0] and on_cpu[1], "no text: the comparison covered nothing"
 
 
@@ -123,7 +103,7 @@ def test_alignment_equals_the_cpu_run(moved, recordings):
 
     (tokens, matrix), (tokens_moved, matrix_moved) = _on_both(moved, run)
     assert tokens == tokens_moved
-    _same(matrix.tolist(), matrix_moved.tolist(), "alignment")
+    assert_same_run(matrix.tolist(), matrix_moved.tolist(), "alignment")
 
 
 def test_the_commands_alignment_figure_and_speech_viewer_run_moved(moved, recordings, tmp_path,

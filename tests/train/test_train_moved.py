@@ -67,7 +67,8 @@ def _resumed(device, tmp_path):
 
 RUNS = {
     "language model": lambda d, tmp: train_lm(_lm(), STREAM, _config(d), valid_ids=STREAM[:100]),
-    "seq2seq": lambda d, tmp: train_seq2seq(_s2s(), TASK, TOK, TOK, _config(d)),
+    # (no evaluation: decoding on the device is `qkv eval`'s case in tests/cli)
+    "seq2seq": lambda d, tmp: train_seq2seq(_s2s(), TASK, TOK, TOK, _config(d, eval_every=None)),
     "LoRA": lambda d, tmp: _lora(d),
     # the lazy device cannot run these (below); CUDA does
     "packed documents": lambda d, tmp: train_lm(_lm(), DOCS, _config(d, pack=True,
