@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import assert_close
 from qkv.data import CharTokenizer, make_task
 from qkv.generate import complete, translate
 from qkv.models import DecoderLM, DecoderLMConfig, Seq2SeqConfig, Seq2SeqTransformer
@@ -104,3 +105,16 @@ def test_translation_and_completion_equal_the_cpu_run(moved):
                          add_bos=False))
 
     assert run(moved) == run("cpu")
+
+
+def test_a_checkpoint_loads_onto_the_device(moved, tmp_path):
+    from qkv.train import save_checkpoint
+
+    model = _lm().eval()
+    save_checkpoint(tmp_path / "c", model)
+    for given in (None, _lm()):  # built from config.json, or loaded into a CPU model
+        loaded = load_checkpoint(tmp_path / "c", given, device=moved).model.eval()
+        assert {p.device.type for p in loaded.parameters()} == {moved.type}
+        with torch.no_grad():  # (built from config.json: float32 weights)
+            assert_close(loaded(STREAM[None, :12].to(moved)).cpu().double(),
+                         model(STREAM[None, :12]), atol=1e-5, rtol=1e-5, name="logits")

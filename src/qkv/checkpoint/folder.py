@@ -381,7 +381,8 @@ def load_checkpoint(
         model: load into this module (its class and config must match); None builds the
             model named in ``config.json`` from :mod:`qkv.models`.
         optimizer: if given, its state is restored from ``train_state.*``.
-        device: where tensors go; default the model's device (CPU for a new model).
+        device: where the model and its tensors go; default the model's device (CPU for a
+            new model).
 
     Returns:
         a :class:`Checkpoint`.
@@ -409,10 +410,10 @@ def load_checkpoint(
     else:
         _check_model(model, config, config_file)
         _check_given(model, weights, tied)
-    if device is None:
-        first = next(iter(model.parameters()), None)
-        device = first.device if first is not None else "cpu"
-    _load_weights(model, _read_tensors(weights, device), tied)
+    if device is not None:
+        model.to(device)
+    # read on the CPU; loading copies each tensor to where its parameter lives
+    _load_weights(model, _read_tensors(weights, "cpu"), tied)
     tokenizers: dict[str, Tokenizer] = {}
     roles = config.get("tokenizers") or {}
     if not isinstance(roles, dict):

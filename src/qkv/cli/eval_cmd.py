@@ -72,9 +72,7 @@ def evaluate_checkpoint(
         raise ValueError(f"--split must be 'test' or 'valid', got {split!r}")
     if sum(x is not None for x in (task, pairs, text)) > 1:
         raise ValueError("give at most one of --task, --pairs and --text")
-    ckpt, folder, spec = load_run(checkpoint)
-    if device is not None:
-        ckpt.model.to(device)
+    ckpt, folder, spec = load_run(checkpoint, device)
     data: Any
     if pairs is not None:
         data = load_pairs(pairs, source=source_column, target=target_column)

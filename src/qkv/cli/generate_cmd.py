@@ -181,14 +181,12 @@ def generate_from_checkpoint(
     from qkv.generate import complete, translate
     from qkv.models import DecoderLM, Seq2SeqTransformer
 
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, device=device)
     model, toks = ckpt.model.eval(), ckpt.tokenizers
     if quantize is not None:
         from qkv.nn.quantized import quantize_
 
         quantize_(model, quantize)
-    if device is not None:
-        model.to(device)
     if isinstance(model, Seq2SeqTransformer):
         if "src" not in toks or "tgt" not in toks:
             raise ValueError(f"{path}: a Seq2SeqTransformer checkpoint needs tokenizers 'src' "

@@ -26,6 +26,7 @@ from qkv.cli.common import ModelDevice
 from qkv.cli.inputs import read_items
 from qkv.cli.inspect_speech import inspect_speech
 from qkv.cli.progress import Stages
+from qkv.generate.session import model_device
 from qkv.inspect.labels import readable_tokens
 
 __all__ = ["Prepared", "add_generation", "command", "load_model", "prepare_inputs"]
@@ -61,10 +62,10 @@ def load_model(name: str, device: str | None = None) -> tuple[Any, torch.nn.Modu
         path = next((path / sub for sub in ("best", "last") if is_qkv_checkpoint(path / sub)),
                     path)  # fmt: skip
     if path.is_dir() and is_qkv_checkpoint(path):
-        ck = load_checkpoint(path)
+        ck = load_checkpoint(path, device=device)
         toks = ck.tokenizers
         src = toks.get("src") or toks.get("text") or next(iter(toks.values()), None)
-        return None, ck.model.eval().to(device or "cpu"), src, toks.get("tgt")
+        return None, ck.model.eval(), src, toks.get("tgt")
     from qkv.pretrained import load
 
     bundle = load(name, device=device)
@@ -111,7 +112,7 @@ def prepare_inputs(model: torch.nn.Module, src_tok: Any, tgt_tok: Any, text: str
     if len(ids) > max_tokens:
         notes.append(f"input cut to its first {max_tokens} of {len(ids)} tokens (--max-tokens)")
         ids = ids[:max_tokens]
-    device = next(model.parameters()).device  # the inputs go where the model is
+    device = model_device(model)  # the inputs go where the model is
     p = Prepared(model, torch.tensor([ids], device=device), _labels(src_tok, ids), notes=notes)
     if seq2seq:
         tgt_tok = tgt_tok or src_tok

@@ -105,10 +105,8 @@ def translate_texts(checkpoint: str | Path, texts: list[str], *, beam: int | Non
     from qkv.generate import translate
 
     _check(texts, beam, compile)
-    ckpt, folder, _ = load_run(checkpoint)
+    ckpt, folder, _ = load_run(checkpoint, device)
     model, src_tok, tgt_tok = seq2seq_parts(ckpt, folder, "translate")
-    if device is not None:
-        model.to(device)
     for line in input_warnings(texts, src_tok):
         if on_warning is not None:
             on_warning(line)

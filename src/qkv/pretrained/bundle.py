@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from qkv.checks import positive_int
+from qkv.generate.session import model_device
 from qkv.models import DecoderLM, Encoder
 from qkv.pretrained.stop_text import TextStream, check_stops
 
@@ -102,7 +103,7 @@ class EncoderBundle:
             return torch.zeros((0, E))
         with torch.inference_mode():
             ids, keep = self.tokenizer.encode_batch(items)  # (N, S) each, right-padded
-            device = next(self.model.parameters()).device
+            device = model_device(self.model)
             ids_on, keep_on = ids.to(device), keep.to(device)  # the model's inputs
             lengths = keep.sum(dim=1)  # (N,)
             order = torch.argsort(lengths, descending=True, stable=True)  # (N,)

@@ -261,8 +261,10 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
     )
 
 
-def load_run(path: str | os.PathLike) -> tuple[Any, Path, DataSpec | None]:
-    """Load the checkpoint at ``path`` (see :func:`find_checkpoint`).
+def load_run(path: str | os.PathLike, device: str | None = None
+             ) -> tuple[Any, Path, DataSpec | None]:  # fmt: skip
+    """Load the checkpoint at ``path`` (see :func:`find_checkpoint`), its model on ``device``
+    (None: the CPU).
 
     Returns:
         ``(checkpoint, folder, data spec of its run or None)``; the model is in eval mode.
@@ -272,7 +274,7 @@ def load_run(path: str | os.PathLike) -> tuple[Any, Path, DataSpec | None]:
             unreadable one; ValueError: a bad ``data.json``.
     """
     folder = find_checkpoint(path)
-    ckpt = load_checkpoint(folder)
+    ckpt = load_checkpoint(folder, device=device)
     ckpt.model.eval()
     spec = read_data_spec(folder.parent) if folder.name in ("best", "last") else None
     return ckpt, folder, spec
