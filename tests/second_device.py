@@ -59,10 +59,11 @@ def second_device(monkeypatch) -> torch.device:
     return torch.device("lazy")
 
 
-def assert_same_run(on_cpu, moved, where: str = "result") -> None:
+def assert_same_run(on_cpu, moved, where: str = "result", rel: float = 1e-6) -> None:
     """``moved == on_cpu`` through dataclasses, dicts, lists and tensors (``moved``'s may be on
-    the device); floats and float tensors to 1e-6 relative: the work is float64 but log-probs
-    and losses are float32, which another device rounds differently."""
+    the device); floats and float tensors to ``rel`` relative. 1e-6 for float64 models, whose
+    log-probs and losses are float32 (another device rounds them differently); a float32
+    model's values pass through dozens of roundings of 6e-8 each: 1e-5."""
     if isinstance(on_cpu, torch.Tensor):
         on_cpu, moved = on_cpu.tolist(), moved.cpu().tolist()
     if dataclasses.is_dataclass(on_cpu):
@@ -70,13 +71,13 @@ def assert_same_run(on_cpu, moved, where: str = "result") -> None:
     if isinstance(on_cpu, dict):
         assert on_cpu.keys() == moved.keys(), where
         for k in on_cpu:
-            assert_same_run(on_cpu[k], moved[k], f"{where}.{k}")
+            assert_same_run(on_cpu[k], moved[k], f"{where}.{k}", rel)
     elif isinstance(on_cpu, (list, tuple)):
         assert len(moved) == len(on_cpu), f"{where}: {len(on_cpu)} on the CPU, {len(moved)} moved"
         for i, (x, y) in enumerate(zip(on_cpu, moved, strict=True)):
-            assert_same_run(x, y, f"{where}[{i}]")
+            assert_same_run(x, y, f"{where}[{i}]", rel)
     elif isinstance(on_cpu, float):
-        assert moved == pytest.approx(on_cpu, rel=1e-6, abs=1e-9), (
+        assert moved == pytest.approx(on_cpu, rel=rel, abs=1e-9), (
             f"{where}: {on_cpu} on the CPU, {moved} moved")
     else:
         assert moved == on_cpu, f"{where}: {on_cpu!r} on the CPU, {moved!r} moved"
