@@ -113,7 +113,7 @@ def whisper_clips(folder: Path, quick: bool) -> list:
 
     import numpy as np
 
-    from qkv.pretrained.audio import waveform
+    from qkv.pretrained.whisper.audio import waveform
 
     clips = []
     for i, text in enumerate(WHISPER_SENTENCES[: 2 if quick else None]):
@@ -131,7 +131,7 @@ def bench_whisper(repeats: int, threads: int, quick: bool) -> dict:
 
     import transformers
 
-    from qkv.pretrained.audio import SAMPLE_RATE, log_mel, split_windows
+    from qkv.pretrained.whisper.audio import SAMPLE_RATE, log_mel, split_windows
 
     bundle = qkv.pretrained.load("whisper-tiny.en")
     ref = hf_whisper_from(bundle)

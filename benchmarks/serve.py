@@ -7,7 +7,7 @@ Usage::
     .venv/bin/python benchmarks/serve.py            # about 3 minutes on 2 CPU threads
     .venv/bin/python benchmarks/serve.py --quick    # short answers: checks the script
 
-1. The app of ``qkv serve`` (:func:`qkv.cli.serve_app.make_app`, the continuous-batching
+1. The app of ``qkv serve`` (:func:`qkv.serve.app.make_app`, the continuous-batching
    engine, ``--max-batch 16``) runs under uvicorn on a free port of 127.0.0.1.
 2. **Sequential**: 16 chat requests (prompts that ask for long answers; greedy; fixed seeds;
    64 to 128 new tokens each, EOS may end one earlier: the tokens counted are the ones the
@@ -42,8 +42,8 @@ import uvicorn
 
 import qkv.pretrained
 from common import machine_info, machine_line
-from qkv.cli.serve_app import make_app
 from qkv.generate.batching import BatchingEngine
+from qkv.serve.app import make_app
 
 MODEL = "SmolLM2-135M-Instruct"
 TOPICS = ["a lighthouse keeper", "the water cycle", "a robot learning to paint", "how bread is "

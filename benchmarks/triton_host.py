@@ -14,7 +14,7 @@ docs/gpu.md). Two parts of it run the same on any CPU, and this script times the
 2. **Triton's own JIT work per launch** (binding and specialising the arguments, the cache
    lookup, the launch metadata), each kernel compiled once for a stand-in sm_90 driver
    (:mod:`qkv.bench.triton_static`) and its launcher replaced by a no-op, beside qkv's kept
-   launch of the same compiled kernel (:mod:`qkv.attention.triton_fast`, what qkv's launches
+   launch of the same compiled kernel (:mod:`qkv.attention.triton.fast`, what qkv's launches
    take from the second on).
 
 What neither includes: the C launcher and the CUDA driver (a few microseconds a launch) and
@@ -52,7 +52,7 @@ def _qkv_host(n: int) -> None:
     import torch.nn.functional as F
 
     import qkv
-    from qkv.attention import triton_kernels
+    from qkv.attention.triton import kernels as triton_kernels
 
     torch.set_num_threads(1)
 
@@ -80,8 +80,10 @@ def _triton_jit(n: int) -> None:
     """Triton's JIT work per launch of the decoding step's kernels (stand-in sm_90)."""
     import torch
 
-    from qkv.attention import triton_fast, triton_launch, triton_plan
     from qkv.attention.backends.triton_kernel import _Spec
+    from qkv.attention.triton import fast as triton_fast
+    from qkv.attention.triton import launch as triton_launch
+    from qkv.attention.triton import plan as triton_plan
     from qkv.bench.triton_static import launches_recorded
 
     launches = []

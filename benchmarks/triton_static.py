@@ -27,8 +27,8 @@ BF16 = torch.bfloat16
 
 
 def _dense(T, causal, bwd, alibi=False, window=None, Hq=H, Hkv=H, S=None, dropout_p=0.0):
-    from qkv.attention import triton_launch as L
     from qkv.attention.backends.triton_kernel import _Spec
+    from qkv.attention.triton import launch as L
 
     S = S or T
 
@@ -48,8 +48,8 @@ def _dense(T, causal, bwd, alibi=False, window=None, Hq=H, Hkv=H, S=None, dropou
 
 def _document(bwd, T=16384, docs=8):
     import qkv
-    from qkv.attention import flex_triton
-    from qkv.attention import triton_launch as L
+    from qkv.attention.flex import triton_path as flex_triton
+    from qkv.attention.triton import launch as L
 
     def call():
         doc = torch.arange(T) // (T // docs)
@@ -64,7 +64,7 @@ def _document(bwd, T=16384, docs=8):
 
 
 def _paged(B=8, S=4096, page=16):
-    from qkv.attention import triton_launch as L
+    from qkv.attention.triton import launch as L
 
     def call():
         q = torch.empty(B, 32, 1, D, dtype=BF16)

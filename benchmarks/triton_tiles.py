@@ -5,7 +5,7 @@
 For B=4, H=16, T=S, bfloat16, causal and not: the forward of each (BLOCK_M, BLOCK_N, warps,
 stages) in FORWARD and the backward of each in BACKWARD, timed with
 ``triton.testing.do_bench`` (median ms), with TFLOP/s and the ratio to torch's flash kernel.
-What it prints is what :func:`qkv.attention.triton_plan.tiles` is chosen from.
+What it prints is what :func:`qkv.attention.triton.plan.tiles` is chosen from.
 
 ``--dry-run``: every config once on CPU tensors in Triton's interpreter, tiny shapes, no
 timing worth the name: what the test suite runs, so the sweep's own code cannot rot between
@@ -13,7 +13,7 @@ GPU sessions.
 
 ``--flex``: block-sparse ``qkv.flex_attention`` instead (B=2, T=16384, a document mask of 8
 documents, 128 × 128 blocks), each FLEX_FORWARD config's forward and each FLEX_BACKWARD
-pair's forward+backward: what :func:`qkv.attention.triton_plan.flex_tiles` is chosen from
+pair's forward+backward: what :func:`qkv.attention.triton.plan.flex_tiles` is chosen from
 (benchmarks/gpu.py's document case times the chosen one beside compiled flex).
 """
 
@@ -67,8 +67,8 @@ def _device() -> tuple[torch.device, str]:
 def _flex_sweep(D: int) -> list[dict]:
     """Time each FLEX_FORWARD and FLEX_BACKWARD config on the document mask; the records."""
     import qkv
-    from qkv.attention import triton_plan
-    from qkv.attention.triton_plan import Tiles
+    from qkv.attention.triton import plan as triton_plan
+    from qkv.attention.triton.plan import Tiles
 
     dev, name = _device()
     B, H, T = (1, 2, 256) if DRY else (2, 16, 16384)
@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
             os.replace(a.out + ".tmp", a.out)
         return 0
     import qkv
-    from qkv.attention import triton_plan
-    from qkv.attention.triton_plan import Tiles
+    from qkv.attention.triton import plan as triton_plan
+    from qkv.attention.triton.plan import Tiles
 
     B, H, T, D = (1, 2, a.T, a.D) if DRY else (4, 16, a.T, a.D)
     dev, name = _device()

@@ -26,9 +26,9 @@ import torch
 from benchmarks.pretrained import WHISPER_SENTENCES as SENTENCES
 
 import qkv.pretrained
-from qkv.pretrained import audio
 from qkv.pretrained.speed import alternate, summarise
-from qkv.pretrained.transcript_options import TranscribeOptions
+from qkv.pretrained.whisper import audio
+from qkv.pretrained.whisper.options import TranscribeOptions
 
 
 def clips(n: int) -> list[np.ndarray]:
@@ -62,7 +62,7 @@ def hf_model(bundle):
 
 def encoder_share(bundle, samples: list[np.ndarray], o: TranscribeOptions) -> tuple[float, int]:
     """Seconds the encoder takes on the windows qkv's loop visits, and their count."""
-    from qkv.pretrained.whisper_longform import Track, _step
+    from qkv.pretrained.whisper.longform import Track, _step
 
     count = 0
     generator = torch.Generator().manual_seed(0)

@@ -36,8 +36,10 @@ ALLOWED: dict[str, set[str]] = {
     "generate": _CORE | {"checks"},
     "inspect": _CORE | {"checks"},
     "bench": {"attention", "nn", "reference", "checks"},  # nn: the paged cache's GPU case
-    "train": _CORE | {"data", "checkpoint", "generate", "distributed", "checks"},
+    "train": _CORE | {"data", "checkpoint", "generate", "distributed", "pretrained", "checks"},
     "pretrained": _CORE | {"data", "checkpoint", "generate", "checks"},
+    # the HTTP app: above the models it serves, below the command that starts it
+    "serve": _CORE | {"data", "generate", "pretrained", "checks"},
     "distributed": {"attention", "nn", "reference", "checks"},  # below models: works on modules
     "integrations": {"nn", "attention", "reference", "inspect", "checks"},
 }

@@ -16,7 +16,7 @@ rows, per-tile masks), stay in :mod:`qkv.attention.masks`: they are not part of 
 from qkv.attention import mask_builders as _builders
 from qkv.attention import mask_lint as _lint
 from qkv.attention import mods as _mods
-from qkv.attention.flex_blocks import and_masks, noop_mask, or_masks
+from qkv.attention.flex.blocks import and_masks, noop_mask, or_masks
 from qkv.attention.mask_builders import *  # noqa: F403
 from qkv.attention.mask_lint import *  # noqa: F403
 from qkv.attention.mods import *  # noqa: F403

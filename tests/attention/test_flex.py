@@ -13,7 +13,7 @@ import qkv
 from helpers import DEVICE, max_error
 from qkv.attention.errors import AttentionArgumentError, AttentionTypeError
 from qkv.attention.flex import flex_path
-from qkv.attention.flex_blocks import (
+from qkv.attention.flex.blocks import (
     and_masks,
     create_block_mask,
     full_block_mask,

@@ -19,10 +19,10 @@ import torch
 
 import qkv
 from helpers import DEVICE, assert_close
-from qkv.attention import flex_compiled
 from qkv.attention.errors import AttentionArgumentError
+from qkv.attention.flex import compiled as flex_compiled
 from qkv.attention.flex import flex_path
-from qkv.attention.flex_blocks import and_masks
+from qkv.attention.flex.blocks import and_masks
 from qkv.attention.mods import causal_mask, document_mask, prefix_lm, sliding_window_mask
 
 COMPILED = {"backend": "compiled"}

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from qkv.attention.flex_loop import GROUP_ROWS, SPAN_KEYS
+from qkv.attention.flex.loop import GROUP_ROWS, SPAN_KEYS
 from qkv.bench.measure import run_probe
 
 MiB = 2**20

@@ -15,7 +15,7 @@ import qkv
 from helpers import max_error
 from qkv.attention import mods
 from qkv.attention.errors import AttentionArgumentError, AttentionTypeError
-from qkv.attention.flex_blocks import and_masks, create_block_mask, tile_keep
+from qkv.attention.flex.blocks import and_masks, create_block_mask, tile_keep
 
 B, H, HKV, D, BLOCK = 2, 4, 2, 8, 16  # GQA: two query heads per key/value head
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}

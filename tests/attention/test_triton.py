@@ -29,7 +29,7 @@ from helpers import (
     max_error,
     run_compile_check,
 )
-from qkv.attention import triton_env
+from qkv.attention import triton as triton_env
 from qkv.reference.attention import attention, attention_backward
 
 pytestmark = pytest.mark.skipif(
@@ -256,7 +256,7 @@ def test_strided_inputs_and_a_long_key_sequence_with_splits():
 def test_the_delta_kernel_equals_the_rowwise_product_in_float32(dtype, dlse):
     """``δ = rowsum(dO ∘ O) - dlse`` from one kernel: a (B, T, H, Dv) gradient transposed, Dv
     not a power of two, more rows than a program's block, an lse gradient with stride 0."""
-    from qkv.attention.triton_launch import _delta
+    from qkv.attention.triton.launch import _delta
 
     B, H, T, Dv = 2, 3, 77, 40
     g = torch.Generator().manual_seed(9)
@@ -297,7 +297,7 @@ def test_a_launch_that_overflows_shared_memory_retries_with_fewer_stages(monkeyp
     raised when compiling) gets the kernel again with one stage fewer, remembered."""
     from triton.runtime.errors import OutOfResources
 
-    from qkv.attention import triton_launch
+    from qkv.attention.triton import launch as triton_launch
 
     monkeypatch.setattr(triton_launch, "_FEWER_STAGES", {})
     launched = []
@@ -372,7 +372,7 @@ def test_kept_launches_give_triton_launches_results_on_the_gpu(monkeypatch):
     """Bit for bit the output and lse of Triton's own launches (QKV_TRITON_FAST_LAUNCH=0),
     decoding and prefill, aligned and misaligned inputs, the kept launch taken on the second
     call."""
-    from qkv.attention import triton_fast
+    from qkv.attention.triton import fast as triton_fast
 
     g = torch.Generator().manual_seed(0)
     for T, shift in ((1, 0), (1, 1), (37, 0), (37, 1)):
@@ -397,7 +397,7 @@ def test_kept_launches_give_triton_launches_results_on_the_gpu(monkeypatch):
 @pytest.mark.skipif(bool(os.environ.get("ATEN_CPU_CAPABILITY")),
                     reason="compiling does not depend on the CPU's kernels: the first pass did it")
 def test_kept_launches_are_the_launches_triton_makes():
-    """qkv.attention.triton_fast hands a kept compiled kernel its arguments without Triton's
+    """qkv.attention.triton.fast hands a kept compiled kernel its arguments without Triton's
     binding: for aligned and unaligned pointers and integers equal to 1, divisible by 16 and
     past 32 bits it must pick the kernel Triton picks and pass what Triton passes, and its
     specialisation key must split values as Triton's does (compiled for a stand-in sm_90)."""

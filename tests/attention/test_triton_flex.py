@@ -22,10 +22,11 @@ from helpers import (
     max_error,
     run_compile_check,
 )
-from qkv.attention import flex_triton, triton_env
+from qkv.attention import triton as triton_env
 from qkv.attention.errors import AttentionArgumentError
 from qkv.attention.flex import flex_path
-from qkv.attention.flex_blocks import and_masks, create_block_mask
+from qkv.attention.flex import triton_path as flex_triton
+from qkv.attention.flex.blocks import and_masks, create_block_mask
 from qkv.attention.mods import causal_mask, document_mask, prefix_lm, sliding_window_mask
 from qkv.attention.score_mods import alibi, relative_bias, soft_cap
 
@@ -348,7 +349,7 @@ def test_a_module_with_a_block_mask_trains_with_dropout_on_the_kernels(counter_o
 def test_the_kernels_drop_the_edge_masks_exactly_when_t_and_s_are_whole_blocks(shape, whole):
     """``EVEN``: every tile inside ``T × S`` (torch's flex kernels' ``IS_DIVISIBLE``), so the
     loads and scores take no edge mask; a sequence that ends inside a block keeps them."""
-    from qkv.attention import triton_launch
+    from qkv.attention.triton import launch as triton_launch
 
     bm = _block_mask("document", shape)
     q, k, v = _inputs(shape)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from helpers import DEVICE, assert_close, max_error
-from qkv.attention import triton_env
+from qkv.attention import triton as triton_env
 from qkv.nn.paged_cache import PagedKVCache
 
 pytestmark = pytest.mark.skipif(not triton_env.installed(), reason="triton is not installed")

@@ -1,4 +1,4 @@
-"""Launch plans kept for a call's shapes (:mod:`qkv.attention.triton_plan`): calls that share
+"""Launch plans kept for a call's shapes (:mod:`qkv.attention.triton.plan`): calls that share
 shapes but differ in what the plan does not hold (causal offset, window, scale, ALiBi slopes,
 mask values) each get their own right answer, and what decides a plan (the mask's kind, the
 causal flag, the tile function a sweep puts in) makes a new one.
@@ -14,7 +14,9 @@ import torch
 
 import qkv
 from helpers import DEVICE, assert_close
-from qkv.attention import triton_env, triton_launch, triton_plan
+from qkv.attention import triton as triton_env
+from qkv.attention.triton import launch as triton_launch
+from qkv.attention.triton import plan as triton_plan
 
 pytestmark = pytest.mark.skipif(
     not triton_env.installed(), reason="the triton package is not installed"

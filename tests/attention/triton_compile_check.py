@@ -18,8 +18,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from qkv.attention import triton_backward as KB
-from qkv.attention import triton_kernels as K
+from qkv.attention.triton import backward as KB
+from qkv.attention.triton import kernels as K
 
 FLAGS = ("MASK_KIND", "IS_CAUSAL", "HAS_WINDOW", "HAS_ALIBI", "DROPOUT")
 POINTERS = {"KEEP": "*u8", "SLOPES": "*fp32", "L": "*fp32", "LSE": "*fp32",
@@ -85,9 +85,9 @@ def _flex_calls():
     import torch
 
     import qkv
-    from qkv.attention import flex_triton
-    from qkv.attention import triton_launch as L
+    from qkv.attention.flex import triton_path as flex_triton
     from qkv.attention.score_mods import alibi, relative_bias, soft_cap
+    from qkv.attention.triton import launch as L
 
     T, D = 1024, 128
     doc = torch.arange(T) // 256
@@ -124,8 +124,8 @@ def _dense_calls():
     sequences of 4096 positions in pages of 16) as qkv launches them, bf16, D = 128."""
     import torch
 
-    from qkv.attention import triton_launch as L
     from qkv.attention.backends.triton_kernel import _Spec
+    from qkv.attention.triton import launch as L
 
     def dense(causal, dropout_p=0.0):
         q, k, v = (torch.empty(1, 4, 4096, 128, dtype=torch.bfloat16) for _ in range(3))
@@ -172,7 +172,7 @@ def _launched() -> list[str]:
     kernel spills nothing and leaves room for the programs its key splits count on."""
     import torch
 
-    from qkv.attention import triton_plan
+    from qkv.attention.triton import plan as triton_plan
     from qkv.bench.triton_static import compiled_launches
 
     labels = []
@@ -211,14 +211,14 @@ def _flex() -> list[str]:
 
 
 def _fast() -> list[str]:
-    """qkv's kept launches (:mod:`qkv.attention.triton_fast`) against Triton's own: for the
+    """qkv's kept launches (:mod:`qkv.attention.triton.fast`) against Triton's own: for the
     merge kernel with aligned and unaligned pointers and integers equal to 1, divisible by 16
     and past 32 bits, the launch a kept kernel makes must be the one Triton's binding makes
     (the same compiled kernel, the same arguments to its launcher); and the specialisation
     key must split values as Triton's does (stand-in sm_90 driver: nothing runs)."""
     import torch
 
-    from qkv.attention import triton_fast
+    from qkv.attention.triton import fast as triton_fast
     from qkv.bench.triton_static import launches_recorded
 
     calls = []  # (a compiled kernel's launcher records, with no GPU to load it on)
@@ -251,7 +251,7 @@ def _fast_keys() -> list[str]:
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.nvidia.compiler import CUDABackend
 
-    from qkv.attention import triton_fast
+    from qkv.attention.triton import fast as triton_fast
 
     base = torch.empty(64, dtype=torch.bfloat16)
     values = [0, 1, 2, 15, 16, 17, 32, -1, -16, 2**31 - 16, 2**31, 2**31 + 16, -(2**31),

@@ -23,8 +23,8 @@ openai = pytest.importorskip("openai", reason="the tests talk through OpenAI's c
 
 import qkv.pretrained  # noqa: E402
 from qkv.cli.app import app  # noqa: E402
-from qkv.cli.serve_app import make_app  # noqa: E402
 from qkv.generate.batching import BatchingEngine  # noqa: E402
+from qkv.serve.app import make_app  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 TIMEOUT = 30  # seconds any call, start or stop waits
@@ -233,3 +233,44 @@ def test_serve_help_shows_the_options():
     for word in ("Example:", "qkv serve", "--host", "--port", "--max-batch", "--max-tokens",
                  "--num-blocks"):  # fmt: skip
         assert word in result.output, result.output
+
+
+class _IdsTokenizer:
+    """A stand-in tokenizer for a tiny model: token ids written as numbers."""
+
+    eos_id = None
+
+    def encode(self, text: str) -> list[int]:
+        return [int(t) for t in text.split()]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return " ".join(map(str, ids))
+
+
+def test_a_value_the_engine_refuses_is_a_400_naming_the_api_field():
+    """The engine refuses a request longer than the model's 32 positions with the library's
+    name (``max_new_tokens``); the app answers with the API's (``max_tokens``), mapped by the
+    error's ``param``; the request that fits gets its greedy tokens."""
+    import torch
+    from fastapi.testclient import TestClient
+
+    from qkv.generate import greedy, strip
+    from qkv.models import DecoderLM, DecoderLMConfig
+    from qkv.pretrained import DecoderBundle
+
+    torch.manual_seed(0)
+    model = DecoderLM(DecoderLMConfig(vocab_size=30, d_model=16, num_heads=2, num_layers=1,
+                                      d_ff=32, max_len=32)).double().eval()  # fmt: skip
+    bundle = DecoderBundle(model, _IdsTokenizer(), "tiny")
+    engine = BatchingEngine(model, eos_id=None, max_batch=2, block_size=4, num_blocks=16)
+    with TestClient(make_app(bundle, engine, max_tokens_limit=100)) as client:
+        bad = client.post("/v1/completions", json={"prompt": [1] * 30, "max_tokens": 5})
+        good = client.post("/v1/completions", json={"prompt": "3 4 5", "max_tokens": 4,
+                                                    "temperature": 0})  # fmt: skip
+    error = bad.json()["error"]
+    assert (bad.status_code, error["param"]) == (400, "max_tokens"), error
+    assert error["message"] == ("a prompt of 30 tokens + 'max_tokens'=5 exceeds the model's 32 "
+                                "positions"), error  # fmt: skip
+    want = strip(greedy(model, [[3, 4, 5]], max_new_tokens=4, eos_id=None), None)[0]
+    assert good.status_code == 200 and good.json()["choices"][0]["text"] == " ".join(
+        map(str, want)), good.json()

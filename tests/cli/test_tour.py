@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 import qkv
 from qkv.cli.app import app
 from qkv.cli.tour import run_tour
-from qkv.cli.tour_page import Section
-from qkv.cli.tour_stops import STOPS, TourCheckError, check_sections, select
+from qkv.cli.tour.page import Section
+from qkv.cli.tour.stops import STOPS, TourCheckError, check_sections, select
 
 runner = CliRunner(env={"COLUMNS": "200", "TERMINAL_WIDTH": "200", "NO_COLOR": "1"})
 

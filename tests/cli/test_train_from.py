@@ -1,7 +1,8 @@
 """``qkv train --from``: fine-tuning a pretrained decoder, fully or with LoRA, from the command
-line. References: the base model's own weights (frozen ones unchanged, bit for bit), the
-adapters loaded on top of the base (equal to the merged folder), transformers loading the
-written folder (equal logits), and the data's labels (the loss counts the assistant turns)."""
+line. References: the base model's own weights (frozen ones unchanged, bit for bit),
+transformers loading the written folder (equal logits), and the data's labels (the loss counts
+the assistant turns). What the library computes (the merged folder against the adapted model,
+a resumed run against an uninterrupted one) is tests/train/test_finetune.py's."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from typer.testing import CliRunner
 
 from finetune_refs import TEMPLATE, WORDS, tiny_base
 from finetune_refs import write_chats as _chats
-from qkv.checkpoint.adapters import load_adapters
 from qkv.cli.app import app
 from qkv.pretrained import load
 
@@ -38,28 +38,20 @@ def _logits(folder: Path, ids: torch.Tensor) -> torch.Tensor:
         return model(ids)  # (B, T, V)
 
 
-def test_lora_trains_only_the_adapters_and_the_merged_folder_equals_them(base, tmp_path):
+def test_lora_trains_only_the_adapters(base, tmp_path):
     out = tmp_path / "run"
     text = _run("--from", str(base), "--chat", str(_chats(tmp_path / "c.jsonl")),
                 "--lora-rank", "4", "--lora-targets", "*.q_proj,*.v_proj", "--steps", "4",
                 "--batch-size", "4", "--lr", "0.01", "--out", str(out))  # fmt: skip
     # 2 layers x (q: 32->32, v: 32->16) x r (in + out)
     count = 2 * 4 * ((32 + 32) + (32 + 16))
-    assert f"on 4 layers: {count:,} of" in text, text
+    assert f"qkv train --from {base}: LoRA r=4 alpha=8 on 4 layers: {count:,} of" in text, text
     before = load_file(str(base / "model.safetensors"))
     after = load_file(str(out / "model" / "model.safetensors"))
     assert before.keys() == after.keys()
     changed = sorted(k for k in before if not torch.equal(before[k], after[k]))
     assert changed and all(k.endswith(("q_proj.weight", "v_proj.weight")) for k in changed), \
         changed
-    # the adapters on the base model compute what the merged folder computes
-    ids = torch.randint(6, len(WORDS), (2, 11))
-    adapted = load_adapters(load(base).model, out / "adapters.safetensors").eval()
-    with torch.no_grad():
-        want = adapted(ids)
-    got = _logits(out / "model", ids)
-    err = (got - want).abs().max().item()
-    assert err < 1e-5, f"merged vs adapters: max error {err:.2e}"
     record = json.loads((out / "finetune.json").read_text())
     assert record["lora"]["rank"] == 4 and record["steps"] == 4
     assert record["validation_after"]["loss"] < record["validation_before"]["loss"], record
@@ -152,23 +144,14 @@ def test_bad_data_and_models_are_named(base, tmp_path):
         assert "Traceback" not in got.output
 
 
-def test_a_fine_tuning_run_resumes_exactly(base, tmp_path):
-    """2 steps, then --resume to 4, equals 4 steps straight: adapters and merged weights."""
-    settings = tmp_path / "run.toml"
-    settings.write_text("schedule = 'constant'\nwarmup = 1\neval_every = 2\n")
-    common = ["--from", str(base), "--chat", str(_chats(tmp_path / "c.jsonl")), "--lora-rank",
-              "2", "--lora-dropout", "0.1", "--batch-size", "4", "--lr", "0.01", "--config",
-              str(settings)]  # fmt: skip
-    _run(*common, "--steps", "4", "--out", str(tmp_path / "straight"))
-    _run(*common, "--steps", "2", "--out", str(tmp_path / "split"))
+def test_a_fine_tuning_run_resumes_from_the_command_line(base, tmp_path):
+    """2 steps, then --resume to 4 (that it equals 4 steps straight is
+    tests/train/test_finetune.py's), and --steps not above the steps done refused."""
+    _run("--from", str(base), "--chat", str(_chats(tmp_path / "c.jsonl")), "--lora-rank", "2",
+         "--batch-size", "4", "--steps", "2", "--out", str(tmp_path / "split"))  # fmt: skip
     text = _run("--resume", str(tmp_path / "split"), "--steps", "4")
-    assert "step 2 → 4" in text and "trained 4 steps" in text, text
-    for name in ("adapters.safetensors", "model/model.safetensors"):
-        a = load_file(str(tmp_path / "split" / name))
-        b = load_file(str(tmp_path / "straight" / name))
-        for key in b:
-            err = float((a[key] - b[key]).abs().max())
-            assert err == 0.0, f"{name} {key}: resumed vs straight, max error {err:.2e}"
+    assert "qkv train --resume" in text and "step 2 → 4" in text, text
+    assert "trained 4 steps" in text, text
     record = json.loads((tmp_path / "split" / "finetune.json").read_text())
     assert record["status"] == "done" and record["steps"] == 4, record
     got = CliRunner().invoke(app, ["train", "--resume", str(tmp_path / "split"), "--steps", "3"])

@@ -1,7 +1,7 @@
 """``qkv transcribe``'s outputs: ``--format`` files under ``--out``, ``--json`` lines,
 ``--batch-size`` and ``--word-timestamps`` handed to the model, files in the order given.
 
-The model is a fake :class:`~qkv.pretrained.whisper.SpeechBundle` (``qkv.pretrained.load`` is
+The model is a fake :class:`~qkv.pretrained.whisper.model.SpeechBundle` (``qkv.pretrained.load`` is
 replaced) whose ``transcripts`` and ``segments`` return fixed transcripts and record how they
 were called; the audio files are empty (the command only checks that they are files).
 """
@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 import qkv.pretrained
 from qkv.cli import transcribe_cmd
 from qkv.cli.app import app
-from qkv.pretrained.subtitles import to_text, to_vtt
-from qkv.pretrained.transcript import Segment, Transcript, Word
-from qkv.pretrained.whisper import SpeechBundle
+from qkv.pretrained.whisper.model import SpeechBundle
+from qkv.pretrained.whisper.subtitles import to_text, to_vtt
+from qkv.pretrained.whisper.transcript import Segment, Transcript, Word
 
 runner = CliRunner(env={"COLUMNS": "200", "TERMINAL_WIDTH": "200", "NO_COLOR": "1"})
 

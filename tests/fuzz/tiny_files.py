@@ -36,9 +36,9 @@ from qkv.checkpoint import save_checkpoint
 from qkv.data.subword import BPETokenizer, WordPieceTokenizer
 from qkv.data.tokenizers import ByteTokenizer, CharTokenizer
 from qkv.models import DecoderLM, DecoderLMConfig, Encoder, EncoderConfig
-from qkv.pretrained.gguf_llama import GGUF_LLAMA_NAMES
-from qkv.pretrained.hf_bert import bert_entries
-from qkv.pretrained.hf_llama import HF_LLAMA_NAMES, llama_entries
+from qkv.pretrained.gguf.llama import GGUF_LLAMA_NAMES
+from qkv.pretrained.hf.bert import bert_entries
+from qkv.pretrained.hf.llama import HF_LLAMA_NAMES, llama_entries
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from qkv.attention import triton_env
+from qkv.attention import triton as triton_env
 from qkv.generate import greedy, sample, strip
 from qkv.generate.batching import BatchingEngine
 from qkv.generate.engine import SamplingParams

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import qkv
 from helpers import TOL, assert_close, max_error
-from qkv.attention.triton_env import installed
+from qkv.attention.triton import installed
 from qkv.nn import Attention, KVCache, LayerKVCache
 from qkv.nn.alibi import alibi_bias
 from qkv.nn.rope import RotaryEmbedding

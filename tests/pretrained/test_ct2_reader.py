@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import qkv.pretrained
 from qkv.data.files import BadFileError, MissingFileError
-from qkv.pretrained.ct2_reader import read_ct2
+from qkv.pretrained.whisper.ct2_reader import read_ct2
 
 _IDS = {np.dtype("float32"): 0, np.dtype("int8"): 1, np.dtype("int16"): 2,
         np.dtype("int32"): 3, np.dtype("float16"): 4}
@@ -136,7 +136,7 @@ def test_missing_file(tmp_path):
 def test_a_whisper_folder_with_damage_is_refused(tmp_path):
     """The Whisper loader's own checks: another spec, a non-zero key bias, a NaN, a missing
     tensor."""
-    from qkv.pretrained.whisper import load_whisper_ct2
+    from qkv.pretrained.whisper.model import load_whisper_ct2
 
     (tmp_path / "model.bin").write_bytes(_good())
     with pytest.raises(BadFileError, match="spec 'TestSpec'; qkv reads Whisper models"):

@@ -153,7 +153,7 @@ def test_options_read_from_each_config(tmp_path):
     old = {"gemma2": dict(layer_windows=(5, None, 5)), "qwen2-sliding": dict(
         layer_windows=(None, 4, 4)), "qwen2": dict(window=None, layer_windows=None)}
     transformers = need("transformers")
-    from qkv.pretrained.hf_folder import _config
+    from qkv.pretrained.hf.folder import _config
 
     for kinds, drop in ((expect, ()), (old, ("layer_types",))):
         for kind, fields in kinds.items():
@@ -189,7 +189,7 @@ def test_unsupported_options_say_why(tmp_path, edit, match):
 
 
 def test_rope_settings_read_old_and_new_config_forms():
-    from qkv.pretrained.hf_llama import rope_settings
+    from qkv.pretrained.hf.llama import rope_settings
 
     old = {"rope_theta": 5e5, "max_position_embeddings": 64,
            "rope_scaling": {"type": "dynamic", "factor": 2.0}}  # transformers 4
@@ -211,7 +211,7 @@ def test_rope_settings_read_old_and_new_config_forms():
 def test_a_sliding_window_of_no_key_is_refused(window):
     """Issue 31: ``sliding_window: 0`` loaded for Qwen2 and Gemma 2 where transformers
     refuses it."""
-    from qkv.pretrained.hf_llama import hf_windows
+    from qkv.pretrained.hf.llama import hf_windows
 
     with pytest.raises(ValueError, match="sliding_window must be a positive int or null"):
         hf_windows({"sliding_window": window, "use_sliding_window": False}, 2)
@@ -253,7 +253,7 @@ def test_a_tokenizer_file_that_is_a_folder_is_named(tmp_path):
     """Issue 31: a Phi-3 folder whose tokenizer.json was a directory loaded with no tokenizer
     and no word."""
     from qkv.data.files import BadFileError
-    from qkv.pretrained.hf_tokenizer import tokenizer_from_folder
+    from qkv.pretrained.hf.tokenizer import tokenizer_from_folder
 
     (tmp_path / "tokenizer.json").mkdir()
     with pytest.raises(BadFileError, match=r"tokenizer\.json: expected a file, found a folder"):

@@ -26,7 +26,7 @@ from helpers import assert_close
 from qkv.cli.app import app
 from qkv.data.files import BadFileError
 from qkv.generate import beam_search, greedy
-from qkv.pretrained.hf_seq2seq import load_hf_seq2seq_folder
+from qkv.pretrained.hf.seq2seq import load_hf_seq2seq_folder
 from qkv.pretrained.seq2seq_bundle import Seq2SeqBundle
 
 runner = CliRunner(env={"COLUMNS": "200", "TERMINAL_WIDTH": "200", "NO_COLOR": "1"})

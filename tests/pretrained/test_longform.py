@@ -18,10 +18,10 @@ import torch
 from whisper_refs import SENTENCES, espeak, hf_features, hf_whisper, whisper
 
 import qkv.pretrained
-from qkv.pretrained import audio
-from qkv.pretrained.mel_frames import FeatureWindows, log10_mel_blocks
-from qkv.pretrained.transcript_options import TranscribeOptions
-from qkv.pretrained.word_times import dtw, median_filter
+from qkv.pretrained.whisper import audio
+from qkv.pretrained.whisper.mel_frames import FeatureWindows, log10_mel_blocks
+from qkv.pretrained.whisper.options import TranscribeOptions
+from qkv.pretrained.whisper.word_times import dtw, median_filter
 
 TIME_STEP = 0.02  # one timestamp token
 WORD_BOUND = 0.2  # seconds, the issue's bound on each word's start and end
@@ -160,7 +160,7 @@ def test_batches_with_previous_text_equal_one_at_a_time(long_clip, bundle):
 def test_ragged_rows_decode_as_each_row_alone(bundle):
     """``SpeechSeq2Seq.decode(keep=, positions=)``: left-padded prompts of 1, 4 and 7 tokens
     and three cached steps give each row the logits it has alone."""
-    from qkv.pretrained.whisper_decode import _ragged
+    from qkv.pretrained.whisper.decode import _ragged
 
     model, torch_gen = bundle.model, torch.Generator().manual_seed(0)
     memory = model.encode(torch.randn(3, 80, 3000, generator=torch_gen))

@@ -16,7 +16,7 @@ import torch
 import qkv.pretrained
 from helpers import assert_close
 from qkv.models import DecoderLM, DecoderLMConfig
-from qkv.pretrained.gguf_llama import unpermute_rows
+from qkv.pretrained.gguf.llama import unpermute_rows
 
 
 def _gguf():

@@ -17,7 +17,7 @@ import torch
 from helpers import assert_close
 from qkv.models import DecoderLM, DecoderLMConfig, Encoder, EncoderConfig
 from qkv.pretrained import DecoderBundle, EncoderBundle, PretrainedTokenizer, load, save_hf
-from qkv.pretrained.save_hf import invert_entries
+from qkv.pretrained.hf.save import invert_entries
 from qkv.pretrained.weights import Entry
 
 V = 48

@@ -1,4 +1,4 @@
-"""Transcripts written as text, SRT, WebVTT and JSON (:mod:`qkv.pretrained.subtitles`), read
+"""Transcripts written as text, SRT, WebVTT and JSON (:mod:`qkv.pretrained.whisper.subtitles`), read
 back by independent parsers: ``pysrt`` for SubRip, ``webvtt-py`` for WebVTT, ``json``."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pysrt
 import pytest
 import webvtt
 
-from qkv.pretrained.subtitles import FORMATS, render, to_json, to_srt, to_text, to_vtt
-from qkv.pretrained.transcript import Segment, Transcript, Word
+from qkv.pretrained.whisper.subtitles import FORMATS, render, to_json, to_srt, to_text, to_vtt
+from qkv.pretrained.whisper.transcript import Segment, Transcript, Word
 
 WORDS = (Word(" Hello", 0.0, 0.4, 0.9), Word(" world.", 0.4, 1.9996, 0.8))
 TRANSCRIPT = Transcript(

@@ -22,7 +22,7 @@ import qkv.inspect
 from helpers import assert_close
 from qkv.data.files import BadFileError, MissingFileError
 from qkv.models.speech import SpeechSeq2Seq, SpeechSeq2SeqConfig, speech_sinusoids
-from qkv.pretrained import audio
+from qkv.pretrained.whisper import audio
 
 WER_BOUND = 0.2  # per sentence; measured 0.0-0.11 (espeak's "jumps" is heard as "jump")
 

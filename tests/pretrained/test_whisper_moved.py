@@ -17,8 +17,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models
 
 from qkv.models.speech import SpeechSeq2Seq, SpeechSeq2SeqConfig
-from qkv.pretrained.transcript_options import TranscribeOptions
-from qkv.pretrained.whisper import SpeechBundle
+from qkv.pretrained.whisper.model import SpeechBundle
+from qkv.pretrained.whisper.options import TranscribeOptions
 from second_device import assert_same_run
 
 WORDS = [f"▁w{i}" for i in range(40)] + [".", ","]

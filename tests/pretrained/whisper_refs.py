@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import qkv.pretrained
-from qkv.pretrained.ct2_reader import read_ct2
+from qkv.pretrained.whisper.ct2_reader import read_ct2
 
 # Sentences espeak-ng reads aloud; each is transcribed and scored by word error rate.
 SENTENCES = [

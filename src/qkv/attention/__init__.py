@@ -13,7 +13,7 @@ from qkv.attention import additive, masks, mods, score_mods
 from qkv.attention.dispatch import Explanation
 from qkv.attention.errors import AttentionArgumentError, AttentionTypeError
 from qkv.attention.flex import flex_attention
-from qkv.attention.flex_blocks import BlockMask, and_masks, create_block_mask, noop_mask, or_masks
+from qkv.attention.flex.blocks import BlockMask, and_masks, create_block_mask, noop_mask, or_masks
 from qkv.attention.sdpa import explain, run_call, scaled_dot_product_attention
 
 __all__ = [

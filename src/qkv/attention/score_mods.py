@@ -10,7 +10,7 @@ slopes, a T5 bias table) get gradients through :func:`qkv.flex_attention`'s back
 require them.
 
 ``alibi``, ``soft_cap`` and ``relative_bias`` carry ``kernel_params`` (their kind and
-constants), so the block-sparse Triton kernels of :mod:`qkv.attention.flex_triton` run them
+constants), so the block-sparse Triton kernels of :mod:`qkv.attention.flex.triton_path` run them
 inside the kernel; a ``score_mod`` without it runs on the tile loop.
 
 Shapes: ``B`` batch, ``H`` query heads, ``T`` queries, ``S`` keys.

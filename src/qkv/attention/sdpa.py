@@ -18,7 +18,7 @@ from qkv.attention import dispatch
 from qkv.attention.call import AttentionCall, make_call
 from qkv.attention.dispatch import Explanation
 from qkv.attention.errors import AttentionArgumentError
-from qkv.attention.flex_sdpa import FlexExplanation, explain_flex, sdpa_flex
+from qkv.attention.flex.sdpa import FlexExplanation, explain_flex, sdpa_flex
 from qkv.attention.threads import fitted_threads
 
 __all__ = ["explain", "run_call", "run_call_lse", "scaled_dot_product_attention"]
@@ -158,7 +158,7 @@ def run_call_lse(
     """:func:`run_call` for a call with ``need_lse``: ``(out (B, H, T, Dv), weights or None,
     lse (B, H, T))``, the lse in the backend's own dtype (see each backend's ``run_lse``)."""
     impl = dispatch.select(call, backend)
-    with fitted_threads():
+    with fitted_threads(call.query, call.key, call.value):
         return impl.run_lse(call)
 
 
@@ -191,7 +191,7 @@ def run_call(call: AttentionCall, backend: str = "auto") -> tuple[Tensor, Tensor
         AttentionArgumentError: an unknown backend, or one that cannot honour the call.
     """
     impl = dispatch.select(call, backend)
-    with fitted_threads():
+    with fitted_threads(call.query, call.key, call.value):
         return impl.run(call)
 
 
@@ -240,7 +240,7 @@ def explain(
     the backend ``auto`` picks (or the named ``backend``, after checking it can honour the
     call) and whose ``reasons`` say why each other backend was not chosen; ``str()`` of it
     reads as a short report. With ``score_mod``/``mask_mod`` it returns a
-    :class:`~qkv.attention.flex_sdpa.FlexExplanation`: the block mask's density (tiles visited,
+    :class:`~qkv.attention.flex.sdpa.FlexExplanation`: the block mask's density (tiles visited,
     full tiles) and the predicted FLOPs and tile memory.
     """
     if score_mod is not None or mask_mod is not None:

@@ -16,13 +16,17 @@ at most torch's setting), then restores torch's setting. The reading is taken at
 (macOS, Windows) torch's setting is used as is, as it is under ``torch.compile`` tracing and
 with ``QKV_THREADS=fixed`` in the environment (or :func:`set_policy`\\ ``("fixed")``).
 
-The thread count changes the time, not the bits: torch's kernels and qkv's backends give
-bit-identical results on one thread and on two (``tests/attention/test_threads.py`` checks it,
-forward and backward), so a result does not depend on the machine's load. Generation steps are
-fitted too (:func:`fitted` on the sessions' ``first``/``next``); a training step is not (it
-keeps torch's setting outside attention). ``torch.set_num_threads`` is process-wide: a call from
-one Python thread while another runs attention may see the fitted count; the setting is always
-restored.
+Only inference is fitted, and only where the bits provably do not move. A call that records
+an autograd graph (grad enabled and an input that requires grad), and every backward, keeps
+torch's setting: a training step's bits never depend on the machine's load. Inference (a call
+with no graph, a decoding step under ``no_grad``) is fitted only once this process has checked,
+by running them, that this CPU's kernels give the same bits on the fitted count and on torch's
+(:func:`bits_hold`: torch's flash kernel, batched tile matmuls, a decoding step's GEMV and a
+prefill's linear layer, on both counts, compared bit for bit). BLAS libraries may split a
+reduction over their threads (MKL does on some Intel CPUs), which changes the bits with the
+thread count: there the check fails and the policy keeps torch's setting, so a result never
+depends on the load. ``torch.set_num_threads`` is process-wide: a call from one Python thread
+while another runs attention may see the fitted count; the setting is always restored.
 """
 
 from __future__ import annotations
@@ -32,11 +36,12 @@ import os
 import time
 import warnings
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 
-__all__ = ["POLICIES", "SAMPLE_S", "busy_seconds", "fitted", "fitted_threads", "others_busy",
-           "policy", "set_policy", "threads_for"]
+__all__ = ["POLICIES", "SAMPLE_S", "bits_hold", "busy_seconds", "fitted", "fitted_threads",
+           "others_busy", "policy", "set_policy", "threads_for"]
 
 POLICIES = ("adaptive", "fixed")
 SAMPLE_S = 0.1  # seconds between two readings of the machine's load
@@ -57,6 +62,7 @@ class _State:
     sample: tuple[float, float, float] | None = None  # (wall, machine busy s, our CPU s)
     others = 0.0  # cores other processes kept busy over the last interval
     cores: int | None = None  # CPUs this process may run on, read with each sample
+    bits: ClassVar[dict[tuple[int, int], bool]] = {}  # (fitted, requested) -> same bits
 
 
 def policy() -> str:
@@ -154,12 +160,73 @@ def _cores() -> int:
     return _State.cores
 
 
+def _probe_inputs() -> list[tuple[Callable, Callable[[], tuple]]]:
+    """The kernels a fitted call runs, on sizes where BLAS and ATen parallelise, as
+    ``(kernel, inputs)`` pairs: torch's flash kernel (a prefill), batched tile matmuls (the
+    tile loop), a decoding step's GEMV, a long reduction and a prefill's linear layer, each on
+    seeded float32 inputs made when it runs (at most ~2 MiB live at a time)."""
+    def rand(*shape):
+        return lambda: torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+
+    def inputs(*makers):
+        return lambda: tuple(make() for make in makers)
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    linear = torch.nn.functional.linear
+    qkv_ = rand(1, 4, 160, 64)
+    return [
+        (lambda a, b, c: sdpa(a, b, c, is_causal=True), inputs(qkv_, qkv_, qkv_)),
+        (torch.matmul, inputs(rand(8, 64, 40), rand(8, 40, 333))),   # tile scores
+        (torch.matmul, inputs(rand(8, 64, 333), rand(8, 333, 40))),  # tile outputs
+        (linear, inputs(rand(1, 576), rand(768, 576))),              # a decoding GEMV
+        (linear, inputs(rand(1, 4096), rand(64, 4096))),             # a long reduction
+        (linear, inputs(rand(48, 576), rand(768, 576))),             # a prefill's GEMM
+        (lambda x: torch.softmax(x, -1).sum(-1), inputs(rand(64, 2048))),
+    ]
+
+
+def bits_hold(fitted_n: int, requested: int) -> bool:
+    """Whether this CPU's kernels give the same bits on ``fitted_n`` threads as on
+    ``requested``: each kernel of :func:`_probe_inputs` run on both counts and compared bit
+    for bit, once per pair of counts and process (milliseconds; the setting is restored)."""
+    key = (fitted_n, requested)
+    if key not in _State.bits:
+        before = torch.get_num_threads()
+        try:
+            _State.bits[key] = all(_same_bits(fn, make(), fitted_n, requested)
+                                   for fn, make in _probe_inputs())  # fmt: skip
+        finally:
+            torch.set_num_threads(before)
+    return _State.bits[key]
+
+
+def _same_bits(fn: Callable, args: tuple, *counts: int) -> bool:
+    outs = []
+    for n in counts:
+        torch.set_num_threads(n)
+        with torch.no_grad():
+            outs.append(fn(*args))
+    return torch.equal(*outs)
+
+
+def _records_graph(tensors: tuple) -> bool:
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
 class fitted_threads:  # noqa: N801  (a context manager used like a function)
     """Run the body on the threads the machine has free; ``as`` gives the count used (0 while
     tracing: the traced program keeps no thread setting). A class, not a generator: it wraps
-    every attention call, and costs well under a microsecond when nothing changes."""
+    every attention call, and costs well under a microsecond when nothing changes.
 
-    __slots__ = ("restore",)
+    ``tensors`` are the call's inputs: when grad is enabled and one requires grad (a training
+    step), torch's setting is kept, as it is under ``no_grad`` if grad mode says the call is
+    being differentiated. Never use it in a backward."""
+
+    __slots__ = ("restore", "tensors")
+
+    def __init__(self, *tensors: object) -> None:
+        self.tensors = tensors
 
     def __enter__(self) -> int:
         self.restore = 0
@@ -167,12 +234,13 @@ class fitted_threads:  # noqa: N801  (a context manager used like a function)
                 or torch.jit.is_tracing():
             return 0
         requested = torch.get_num_threads()
-        if requested <= 1:
+        if requested <= 1 or _records_graph(self.tensors):
             return requested
         n = threads_for(requested, _cores(), others_busy())
-        if n != requested:
-            torch.set_num_threads(n)
-            self.restore = requested
+        if n == requested or not bits_hold(n, requested):
+            return requested
+        torch.set_num_threads(n)
+        self.restore = requested
         return n
 
     def __exit__(self, *exc) -> bool:
@@ -182,10 +250,13 @@ class fitted_threads:  # noqa: N801  (a context manager used like a function)
 
 
 def fitted(fn: Callable) -> Callable:
-    """Decorator: ``fn`` runs under :func:`fitted_threads` (a decoding step, say)."""
+    """Decorator: ``fn`` runs under :func:`fitted_threads` (a decoding step, say) when grad
+    mode is off; with grad on it keeps torch's setting (it may be recording a graph)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if torch.is_grad_enabled():
+            return fn(*args, **kwargs)
         with fitted_threads():
             return fn(*args, **kwargs)
 

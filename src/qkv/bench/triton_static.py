@@ -1,7 +1,7 @@
 """What the triton backend's kernels compile to on a GPU this machine does not have.
 
 Speed needs a GPU; the compiled code does not. This module runs qkv's own launch code
-(:mod:`qkv.attention.triton_launch`) on CPU tensors with a stand-in Triton driver that reports
+(:mod:`qkv.attention.triton.launch`) on CPU tensors with a stand-in Triton driver that reports
 an NVIDIA target (Hopper, sm_90, 132 multiprocessors, unless told otherwise). Each launch is
 compiled by Triton's own JIT, with the same argument specialisation a real launch gets
 (16-byte alignment, integers divisible by 16, integers equal to 1), and nothing runs. For each
@@ -178,7 +178,8 @@ def _stand_in(arch: int, multiprocessors: int) -> Iterator[list[Compiled]]:
     """Within: triton launches compile for ``sm_<arch>`` and are recorded, not run."""
     from triton.runtime import driver
 
-    from qkv.attention import triton_launch, triton_plan
+    from qkv.attention.triton import launch as triton_launch
+    from qkv.attention.triton import plan as triton_plan
 
     saved = os.environ.pop("TRITON_INTERPRET", None)
     records: list[Compiled] = []
@@ -202,7 +203,7 @@ def _stand_in(arch: int, multiprocessors: int) -> Iterator[list[Compiled]]:
 
 def compiled_launches(call, arch: int = 90, multiprocessors: int = 132) -> list[Compiled]:
     """The triton launches ``call()`` makes (a function calling
-    :mod:`qkv.attention.triton_launch` with CPU tensors shaped as on the GPU), each compiled
+    :mod:`qkv.attention.triton.launch` with CPU tensors shaped as on the GPU), each compiled
     for ``sm_<arch>`` with ``multiprocessors`` multiprocessors, none run."""
     with _stand_in(arch, multiprocessors) as records, torch.no_grad():
         call()

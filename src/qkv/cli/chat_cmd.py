@@ -36,9 +36,9 @@ from qkv.cli.common import (
     Temperature,
     TopK,
     TopP,
-    controls_of,
     status,
 )
+from qkv.cli.generate_cmd import decoding_record, set_controls
 
 __all__ = ["Conversation", "command", "run_chat"]
 
@@ -55,7 +55,8 @@ class Conversation:
         bundle: a :class:`qkv.pretrained.DecoderBundle` whose tokenizer has a chat template.
         system: the system prompt, kept across :meth:`reset`; None = the template's default.
         options: passed to the model's ``stream`` (max_new_tokens, temperature, top_k,
-            top_p, seed).
+            top_p, seed; controls, stop): the command gives its record's keywords
+            (:meth:`~qkv.generate.engine.SamplingParams.keywords`).
         endless: an :class:`~qkv.pretrained.endless_chat.EndlessChat` holding the
             conversation in an attention-sink cache (flat memory), or None (the whole
             conversation through the model every turn).
@@ -180,36 +181,35 @@ def run_chat(
         write("\n")
 
 
+ChatModel = Annotated[str, typer.Option(
+    "--model", "-m", help="A chat model: packaged name, Hugging Face-format folder or .gguf.",
+)]
+System = Annotated[str | None, typer.Option(
+    "--system", "-s", show_default=False,
+    help="System prompt \\[default: the chat template's own].",
+)]
+ReplyTokens = Annotated[int, typer.Option(
+    "--max-new-tokens", "-n", min=1, help="Most tokens per reply (as qkv generate's "
+    "language models; EOS ends a reply earlier).",
+)]
+Endless = Annotated[bool, typer.Option(
+    "--endless", metavar=FLAG, help="Hold the conversation in an attention-sink cache "
+    "(the first 4 tokens and the last --window): flat memory however long the chat; "
+    "each turn feeds only its new text.",
+)]
+Window = Annotated[int, typer.Option(
+    "--window", min=8, help="With --endless: the most recent tokens kept.",
+)]
+
+
 def command(
-    model: Annotated[str, typer.Option(
-        "--model", "-m", help="A chat model: packaged name, Hugging Face-format folder or .gguf.",
-    )] = "SmolLM2-135M-Instruct",
-    system: Annotated[str | None, typer.Option(
-        "--system", "-s", show_default=False,
-        help="System prompt \\[default: the chat template's own].",
-    )] = None,
-    max_new_tokens: Annotated[int, typer.Option(
-        "--max-new-tokens", "-n", min=1, help="Most tokens per reply (as qkv generate's "
-        "language models; EOS ends a reply earlier).",
-    )] = LM_NEW_TOKENS,
-    temperature: Temperature = 0.0,
-    top_k: TopK = None,
-    top_p: TopP = None,
-    seed: Seed = None,
-    repetition_penalty: RepetitionPenalty = None,
-    no_repeat_ngram_size: NoRepeatNgram = None,
-    min_p: MinP = None,
-    stop: Stop = None,
-    endless: Annotated[bool, typer.Option(
-        "--endless", metavar=FLAG, help="Hold the conversation in an attention-sink cache "
-        "(the first 4 tokens and the last --window): flat memory however long the chat; "
-        "each turn feeds only its new text.",
-    )] = False,
-    window: Annotated[int, typer.Option(
-        "--window", min=8, help="With --endless: the most recent tokens kept.",
-    )] = 2044,
+    model: ChatModel = "SmolLM2-135M-Instruct", system: System = None,
+    max_new_tokens: ReplyTokens = LM_NEW_TOKENS, temperature: Temperature = 0.0,
+    top_k: TopK = None, top_p: TopP = None, seed: Seed = None,
+    repetition_penalty: RepetitionPenalty = None, no_repeat_ngram_size: NoRepeatNgram = None,
+    min_p: MinP = None, stop: Stop = None, endless: Endless = False, window: Window = 2044,
     device: ModelDevice = None,
-) -> None:
+) -> None:  # fmt: skip
     """Chat with a language model; replies stream as they are generated.
 
     The whole conversation goes through the model's chat template each turn (with
@@ -219,30 +219,20 @@ def command(
     [bold]Example:[/bold] qkv chat --system "You are a terse assistant." --temperature 0.7
     --top-p 0.9 --seed 0
     """
-    from qkv import pretrained
-
     # Expected failures (ValueError, OSError, ...) become one line in common.guard.
     console = Console(stderr=True, highlight=False)
-    with status(console, f"loading {model} ..."):
-        bundle = pretrained.load(model, device=device)
-    if not isinstance(bundle, pretrained.DecoderBundle):
-        raise ValueError(f"{model!r} is a sentence encoder, not a chat model")
-    if not getattr(bundle.tokenizer, "chat_template", None):
-        raise ValueError(f"{model!r} has no chat template; try: qkv generate --model "
-                         f"{model} --no-chat --prompt ...")  # fmt: skip
-    options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                   top_p=top_p, seed=seed)  # fmt: skip
-    controls = controls_of(repetition_penalty, no_repeat_ngram_size, min_p, stop)
-    if controls and endless:
+    bundle = _chat_bundle(model, device, console)
+    record = decoding_record(max_new_tokens, temperature, top_k, top_p, seed,
+                             repetition_penalty, no_repeat_ngram_size, min_p, stop)  # fmt: skip
+    if set_controls(record) and endless:
         raise ValueError("--endless decodes with its own loop: no --repetition-penalty, "
                          "--no-repeat-ngram-size, --min-p or --stop with it yet")  # fmt: skip
-    options.update(controls)
     held = None
     if endless:
         from qkv.pretrained.endless_chat import EndlessChat
 
         held = EndlessChat(bundle, recent=window)
-    conversation = Conversation(bundle, system=system, options=options, endless=held)
+    conversation = Conversation(bundle, system=system, options=record.keywords(), endless=held)
     how = "greedy" if temperature == 0 else f"temperature {temperature}"
     console.print(f"chatting with {bundle.name} ({how}, at most {max_new_tokens} tokens a "
                   f"reply); {HELP_LINE}", markup=False)  # fmt: skip
@@ -252,3 +242,21 @@ def command(
                  echo=not tty, errors=console)  # fmt: skip
     except KeyboardInterrupt:  # Ctrl-C at the prompt leaves quietly
         sys.stdout.write("\n")
+
+
+def _chat_bundle(model: str, device: str | None, console: Console) -> Any:
+    """The loaded chat model (a spinner on stderr meanwhile).
+
+    Raises:
+        ValueError: a sentence encoder, or a model without a chat template.
+    """
+    from qkv import pretrained
+
+    with status(console, f"loading {model} ..."):
+        bundle = pretrained.load(model, device=device)
+    if not isinstance(bundle, pretrained.DecoderBundle):
+        raise ValueError(f"{model!r} is a sentence encoder, not a chat model")
+    if not getattr(bundle.tokenizer, "chat_template", None):
+        raise ValueError(f"{model!r} has no chat template; try: qkv generate --model "
+                         f"{model} --no-chat --prompt ...")  # fmt: skip
+    return bundle

@@ -64,77 +64,93 @@ def evaluate_checkpoint(
             a model that does not fit the data.
         ImportError: sacrebleu missing.
     """
-    from qkv.data import load_text
-    from qkv.data.records import RECORD_SUFFIXES, load_pairs, load_records_text
     from qkv.train import evaluate_lm, evaluate_seq2seq
 
-    if split not in ("test", "valid"):
-        raise ValueError(f"--split must be 'test' or 'valid', got {split!r}")
-    if sum(x is not None for x in (task, pairs, text)) > 1:
-        raise ValueError("give at most one of --task, --pairs and --text")
+    _check_choice(split, task, pairs, text)
     ckpt, folder, spec = load_run(checkpoint, device)
-    data: Any
-    if pairs is not None:
-        data = load_pairs(pairs, source=source_column, target=target_column)
-        what = f"{pairs} (all pairs)"
-    elif text is not None:
-        suffix = Path(text).suffix.lower()
-        if suffix == ".jsonl" or (text_column and suffix in RECORD_SUFFIXES):
-            data = load_records_text(text, key=text_column or "text")
-        else:
-            data = load_text(text)
-        what = f"{text} (all of it)"
-    else:
-        same = spec is not None and (spec.kind, spec.source) == ("task", task)
-        if task is not None and not (same and seed in (None, spec.seed)):
-            spec = DataSpec.build({}, task=task, seed=seed or 0)
-        if spec is None:
-            raise ValueError(
-                f"{folder}: no data.json in its run folder to say what it was trained on; "
-                "give --task, --pairs or --text"
-            )
-        split = "valid" if spec.kind == "text" else split
-        data = getattr(load_dataset(spec), split)
-        what = f"{spec.kind} {spec.source}, {'validation' if split == 'valid' else 'test'} split"
+    data, what = _eval_data(folder, spec, task=task, pairs=pairs, text=text, split=split,
+                            seed=seed, columns=(source_column, target_column, text_column))
     if not data:
         raise ValueError(f"nothing to evaluate in {what}")
     if isinstance(data, str):
         tok = ckpt.tokenizers.get("text")
         if tok is None:
             raise ValueError(f"{folder} is not a language model with a text tokenizer")
-        block = int(ckpt.model.config.max_len)
-        return evaluate_lm(ckpt.model, tok.encode(data), block_size=block), what
+        return evaluate_lm(ckpt.model, tok.encode(data),
+                           block_size=int(ckpt.model.config.max_len)), what  # fmt: skip
     model, src_tok, tgt_tok = seq2seq_parts(ckpt, folder, "eval")
     metrics = evaluate_seq2seq(model, data, src_tok, tgt_tok, batch_size=256, beam=beam)
     return metrics, f"{what}, {len(data):,} pairs"
 
 
+def _check_choice(split: str, *sources: Any) -> None:
+    """``--split`` is test or valid, and at most one of ``--task``/``--pairs``/``--text``."""
+    if split not in ("test", "valid"):
+        raise ValueError(f"--split must be 'test' or 'valid', got {split!r}")
+    if sum(x is not None for x in sources) > 1:
+        raise ValueError("give at most one of --task, --pairs and --text")
+
+
+def _eval_data(folder: Path, spec: DataSpec | None, *, task: str | None, pairs: Path | None,
+               text: Path | None, split: str, seed: int | None,
+               columns: tuple[str | None, str | None, str | None]) -> tuple[Any, str]:  # fmt: skip
+    """The data :func:`evaluate_checkpoint` measures on, and its description: ``pairs``,
+    ``text``, ``task`` or the run's own split (``columns``: source, target, text)."""
+    from qkv.data import load_text
+    from qkv.data.records import RECORD_SUFFIXES, load_pairs, load_records_text
+
+    source_column, target_column, text_column = columns
+    if pairs is not None:
+        return (load_pairs(pairs, source=source_column, target=target_column),
+                f"{pairs} (all pairs)")  # fmt: skip
+    if text is not None:
+        suffix = Path(text).suffix.lower()
+        if suffix == ".jsonl" or (text_column and suffix in RECORD_SUFFIXES):
+            return load_records_text(text, key=text_column or "text"), f"{text} (all of it)"
+        return load_text(text), f"{text} (all of it)"
+    same = spec is not None and (spec.kind, spec.source) == ("task", task)
+    if task is not None and not (same and seed in (None, spec.seed)):
+        spec = DataSpec.build({}, task=task, seed=seed or 0)
+    if spec is None:
+        raise ValueError(
+            f"{folder}: no data.json in its run folder to say what it was trained on; "
+            "give --task, --pairs or --text"
+        )
+    split = "valid" if spec.kind == "text" else split
+    what = f"{spec.kind} {spec.source}, {'validation' if split == 'valid' else 'test'} split"
+    return getattr(load_dataset(spec), split), what
+
+
+Checkpoint = Annotated[Path, typer.Argument(
+    help="A checkpoint folder, or a run folder (its best/ checkpoint is used).",
+    show_default=False,
+)]
+Task = Annotated[str | None, typer.Option("--task", help="Evaluate on this task.")]
+Pairs = Annotated[Path | None, typer.Option(
+    "--pairs", help="Evaluate on these pairs: a .tsv, .csv or .jsonl file.",
+)]
+SourceColumn = Annotated[str | None, typer.Option(
+    "--source-column", help="--pairs: the source column or key (default 'source').",
+)]
+TargetColumn = Annotated[str | None, typer.Option(
+    "--target-column", help="--pairs: the target column or key (default 'target').",
+)]
+TextColumn = Annotated[str | None, typer.Option(
+    "--text-column", help="--text: the column of a .csv/.tsv or key of a .jsonl (default "
+    "for .jsonl: 'text').",
+)]
+Text = Annotated[Path | None, typer.Option("--text", help="Evaluate an LM on this text.")]
+Split = Annotated[str, typer.Option("--split", help="test or valid.")]
+TaskSeed = Annotated[int | None, typer.Option(
+    "--seed", help="Seed of --task's data (default: the run's, else 0).",
+)]
+
+
 def command(
-    checkpoint: Annotated[Path, typer.Argument(
-        help="A checkpoint folder, or a run folder (its best/ checkpoint is used).",
-        show_default=False,
-    )],
-    task: Annotated[str | None, typer.Option("--task", help="Evaluate on this task.")] = None,
-    pairs: Annotated[Path | None, typer.Option(
-        "--pairs", help="Evaluate on these pairs: a .tsv, .csv or .jsonl file.",
-    )] = None,
-    source_column: Annotated[str | None, typer.Option(
-        "--source-column", help="--pairs: the source column or key (default 'source').",
-    )] = None,
-    target_column: Annotated[str | None, typer.Option(
-        "--target-column", help="--pairs: the target column or key (default 'target').",
-    )] = None,
-    text_column: Annotated[str | None, typer.Option(
-        "--text-column", help="--text: the column of a .csv/.tsv or key of a .jsonl (default "
-        "for .jsonl: 'text').",
-    )] = None,
-    text: Annotated[Path | None, typer.Option("--text", help="Evaluate an LM on this text.")] = (
-        None
-    ),
-    split: Annotated[str, typer.Option("--split", help="test or valid.")] = "test",
-    seed: Annotated[int | None, typer.Option(
-        "--seed", help="Seed of --task's data (default: the run's, else 0).",
-    )] = None,
+    checkpoint: Checkpoint, task: Task = None, pairs: Pairs = None,
+    source_column: SourceColumn = None, target_column: TargetColumn = None,
+    text_column: TextColumn = None, text: Text = None, split: Split = "test",
+    seed: TaskSeed = None,
     beam_size: BeamSize = None,
     beam: BeamAlias = None,
     device: ModelDevice = None,

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -45,23 +45,28 @@ from qkv.cli.common import (
     TopP,
     beam_of,
     blank_output_hint,
-    controls_of,
     warn,
 )
 from qkv.cli.inputs import read_items
 from qkv.cli.outputs import print_jsonl
 from qkv.cli.progress import Stages
 
+if TYPE_CHECKING:
+    from qkv.generate.engine import SamplingParams
+
 __all__ = [
     "Source",
     "command",
     "decoding_options",
+    "decoding_record",
     "generate_from_bundle",
     "generate_from_checkpoint",
     "resolve_source",
 ]
 
 NAME = "generate"
+# The flags of the generation controls (their errors are prefixed with the flag).
+CONTROL_FLAGS = ("repetition_penalty", "no_repeat_ngram_size", "min_p")
 
 
 class Quantize(str, Enum):
@@ -180,12 +185,11 @@ def generate_from_checkpoint(
     from qkv.checkpoint import load_checkpoint
     from qkv.generate import complete, translate
     from qkv.models import DecoderLM, Seq2SeqTransformer
+    from qkv.nn.quantized import quantize_
 
     ckpt = load_checkpoint(path, device=device)
     model, toks = ckpt.model.eval(), ckpt.tokenizers
     if quantize is not None:
-        from qkv.nn.quantized import quantize_
-
         quantize_(model, quantize)
     if isinstance(model, Seq2SeqTransformer):
         if "src" not in toks or "tgt" not in toks:
@@ -274,69 +278,102 @@ def _use_chat(bundle: Any, chat: bool | None) -> bool:
     return has_template if chat is None else chat
 
 
+Checkpoint = Annotated[str | None, typer.Argument(
+    help="A qkv checkpoint folder (or the run folder `qkv train` wrote: best/ or last/ "
+         "inside is used).", show_default=False,
+)]
+Prompts = Annotated[list[str] | None, typer.Option(
+    "--prompt", "-p", help="Text to continue, answer or translate; repeat for several; "
+    "'-' reads it from standard input.", show_default=False,
+)]
+InputFile = Annotated[Path | None, typer.Option(
+    "--input", "-i", help="A UTF-8 file of prompts, one per line ('-': standard input).",
+    show_default=False,
+)]
+PretrainedModel = Annotated[str | None, typer.Option(
+    "--model", "-m", help="A pretrained model instead of a checkpoint: a packaged name "
+    "(SmolLM2-135M-Instruct), a Hugging Face-format folder or a .gguf file.",
+    show_default=False,
+)]
+MaxNewTokens = Annotated[int | None, typer.Option(
+    "--max-new-tokens", "-n", min=1, show_default=False,
+    help=f"Most tokens generated per prompt \\[default: {LM_NEW_TOKENS} for a language "
+    f"model, fewer if the prompt leaves less room in its max_len; a translation model: "
+    f"{TRANSLATION_NEW_TOKENS}].",
+)]
+Chat = Annotated[bool | None, typer.Option(
+    "--chat/--no-chat", metavar=FLAG, show_default=False,
+    help="Pretrained models: wrap the prompt in the chat template, or continue it as is "
+    "\\[default: chat if the model has a template].",
+)]
+Bos = Annotated[bool, typer.Option(
+    "--bos/--no-bos", metavar=FLAG,
+    help="Checkpoints of language models: start the prompt with BOS.",
+)]
+StreamFlag = Annotated[bool, typer.Option(
+    "--stream", metavar=FLAG,
+    help="Pretrained language models: print tokens as they come, then tokens/s on stderr.",
+)]
+AsJson = Annotated[bool, typer.Option(
+    "--json", metavar=FLAG,
+    help="Print one JSON object per prompt ({\"prompt\", \"text\"}), one per line.",
+)]
+Compile = Annotated[bool, typer.Option(
+    "--compile", metavar=FLAG,
+    help="A static KV cache and torch.compile for the decoding steps "
+    "(language and translation models; the first run compiles; needs a C++ compiler, "
+    "else eager).",
+)]
+QuantizeMode = Annotated[Quantize | None, typer.Option(
+    "--quantize", help="Weight-only quantised linears (int8: 4x fewer bytes a weight, "
+    "faster decoding on a CPU).", show_default=False,
+)]
+
+
+def decoding_record(
+    max_new_tokens: int | None, temperature: float, top_k: int | None, top_p: float | None,
+    seed: int | None, repetition_penalty: float | None, no_repeat_ngram_size: int | None,
+    min_p: float | None, stop: list[str] | None,
+) -> SamplingParams:  # fmt: skip
+    """The :class:`~qkv.generate.engine.SamplingParams` of the decoding flags of ``qkv
+    generate`` and ``qkv chat``, built by :func:`~qkv.generate.engine.decoding_params` (as the
+    server and the Python API build theirs); ``max_new_tokens`` None: :data:`LM_NEW_TOKENS`
+    (``qkv generate`` then fits it to each prompt).
+
+    Raises:
+        ValueError: a value the record refuses; a control's message starts with its flag
+            (``--min-p: ...``), found by the error's ``param``.
+    """
+    from qkv.generate.args import ParamError
+    from qkv.generate.engine import decoding_params
+
+    if stop and not all(stop):
+        raise ValueError("--stop: a stop string cannot be empty")
+    try:
+        return decoding_params(max_new_tokens or LM_NEW_TOKENS, temperature=temperature,
+                               top_k=top_k, top_p=top_p, seed=seed, stop=stop,
+                               repetition_penalty=repetition_penalty, min_p=min_p,
+                               no_repeat_ngram_size=no_repeat_ngram_size)  # fmt: skip
+    except ParamError as err:
+        if err.param not in CONTROL_FLAGS:
+            raise
+        raise ValueError(f"--{err.param.replace('_', '-')}: {err}") from None
+
+
+def set_controls(record: SamplingParams) -> dict[str, Any]:
+    """The record's ``controls`` and ``stop`` keywords, when set (nothing otherwise)."""
+    return {k: v for k, v in record.keywords().items() if k in ("controls", "stop")}
+
+
 def command(
-    checkpoint: Annotated[str | None, typer.Argument(
-        help="A qkv checkpoint folder (or the run folder `qkv train` wrote: best/ or last/ "
-             "inside is used).", show_default=False,
-    )] = None,
-    prompt: Annotated[list[str] | None, typer.Option(
-        "--prompt", "-p", help="Text to continue, answer or translate; repeat for several; "
-        "'-' reads it from standard input.", show_default=False,
-    )] = None,
-    input_file: Annotated[Path | None, typer.Option(
-        "--input", "-i", help="A UTF-8 file of prompts, one per line ('-': standard input).",
-        show_default=False,
-    )] = None,
-    model: Annotated[str | None, typer.Option(
-        "--model", "-m", help="A pretrained model instead of a checkpoint: a packaged name "
-        "(SmolLM2-135M-Instruct), a Hugging Face-format folder or a .gguf file.",
-        show_default=False,
-    )] = None,
-    max_new_tokens: Annotated[int | None, typer.Option(
-        "--max-new-tokens", "-n", min=1, show_default=False,
-        help=f"Most tokens generated per prompt \\[default: {LM_NEW_TOKENS} for a language "
-        f"model, fewer if the prompt leaves less room in its max_len; a translation model: "
-        f"{TRANSLATION_NEW_TOKENS}].",
-    )] = None,
-    temperature: Temperature = 0.0,
-    top_k: TopK = None,
-    top_p: TopP = None,
-    seed: Seed = None,
-    repetition_penalty: RepetitionPenalty = None,
-    no_repeat_ngram_size: NoRepeatNgram = None,
-    min_p: MinP = None,
-    stop: Stop = None,
-    beam_size: BeamSize = None,
-    beam: BeamAlias = None,
-    chat: Annotated[bool | None, typer.Option(
-        "--chat/--no-chat", metavar=FLAG, show_default=False,
-        help="Pretrained models: wrap the prompt in the chat template, or continue it as is "
-        "\\[default: chat if the model has a template].",
-    )] = None,
-    bos: Annotated[bool, typer.Option(
-        "--bos/--no-bos", metavar=FLAG,
-        help="Checkpoints of language models: start the prompt with BOS.",
-    )] = True,
-    stream: Annotated[bool, typer.Option(
-        "--stream", metavar=FLAG,
-        help="Pretrained language models: print tokens as they come, then tokens/s on stderr.",
-    )] = False,
-    as_json: Annotated[bool, typer.Option(
-        "--json", metavar=FLAG,
-        help="Print one JSON object per prompt ({\"prompt\", \"text\"}), one per line.",
-    )] = False,
-    compile: Annotated[bool, typer.Option(
-        "--compile", metavar=FLAG,
-        help="A static KV cache and torch.compile for the decoding steps "
-        "(language and translation models; the first run compiles; needs a C++ compiler, "
-        "else eager).",
-    )] = False,
-    quantize: Annotated[Quantize | None, typer.Option(
-        "--quantize", help="Weight-only quantised linears (int8: 4x fewer bytes a weight, "
-        "faster decoding on a CPU).", show_default=False,
-    )] = None,
-    device: ModelDevice = None,
-) -> None:
+    checkpoint: Checkpoint = None, prompt: Prompts = None, input_file: InputFile = None,
+    model: PretrainedModel = None, max_new_tokens: MaxNewTokens = None,
+    temperature: Temperature = 0.0, top_k: TopK = None, top_p: TopP = None, seed: Seed = None,
+    repetition_penalty: RepetitionPenalty = None, no_repeat_ngram_size: NoRepeatNgram = None,
+    min_p: MinP = None, stop: Stop = None, beam_size: BeamSize = None, beam: BeamAlias = None,
+    chat: Chat = None, bos: Bos = True, stream: StreamFlag = False, as_json: AsJson = False,
+    compile: Compile = False, quantize: QuantizeMode = None, device: ModelDevice = None,
+) -> None:  # fmt: skip
     """Generate text from a checkpoint `qkv train` wrote, or from a pretrained model.
 
     A language model continues the prompt (a chat model answers it through its chat
@@ -355,13 +392,14 @@ def command(
     --quantize int8
     """
     # Expected failures (ValueError, OSError, ...) become one line in common.guard.
-    console = Console(stderr=True, highlight=False)
     prompts = read_items(prompt, input_file, what="prompt", per_line=False,
                          given_as="--prompt TEXT")  # fmt: skip
     source = resolve_source(checkpoint, model)
     beam, typed = beam_of(beam_size, beam)
     options = decoding_options(temperature, top_k, top_p, seed, beam, compile, typed)
-    controls = controls_of(repetition_penalty, no_repeat_ngram_size, min_p, stop)
+    record = decoding_record(max_new_tokens, temperature, top_k, top_p, seed,
+                             repetition_penalty, no_repeat_ngram_size, min_p, stop)  # fmt: skip
+    controls = set_controls(record)
     if controls and beam is not None:
         raise ValueError(f"{typed} {beam} (beam search) takes no --repetition-penalty, "
                          "--no-repeat-ngram-size, --min-p or --stop; drop one")  # fmt: skip
@@ -369,10 +407,24 @@ def command(
         raise ValueError("--stop needs a pretrained model's tokenizer (--model); a checkpoint "
                          "decodes with its own")  # fmt: skip
     options.update(controls)
-    mode = None if quantize is None else quantize.value
     if stream and (source.kind != "pretrained" or beam is not None or as_json):
         raise ValueError("--stream prints a pretrained language model's tokens as they come; "
                          "not with a checkpoint, --beam-size or --json")  # fmt: skip
+    texts = _run(source, prompts, options, max_new_tokens=max_new_tokens, chat=chat, bos=bos,
+                 stream=stream, compile=compile, device=device,
+                 quantize=None if quantize is None else quantize.value)  # fmt: skip
+    _show(prompts, texts, as_json=as_json, stream=stream)
+    hint = blank_output_hint(texts, sampling=temperature > 0,
+                             trained_here=source.kind == "checkpoint")  # fmt: skip
+    if hint is not None:
+        warn(hint, prefix="")
+
+
+def _run(source: Source, prompts: list[str], options: dict[str, Any], *,
+         max_new_tokens: int | None, chat: bool | None, bos: bool, stream: bool,
+         compile: bool, device: str | None, quantize: str | None) -> list[str]:  # fmt: skip
+    """Load the model and decode ``prompts`` with ``options`` (spinners on stderr); the texts."""
+    console = Console(stderr=True, highlight=False)
     if source.note:
         console.print(source.note, markup=False)
     stages = Stages("generate")  # stderr: spinners on a terminal, a line per stage in a pipe
@@ -380,22 +432,25 @@ def command(
                             "about a minute)" if compile else "")
     if source.kind == "checkpoint":
         with stages.stage(f"loading {source.location} and {doing}"):
-            texts = generate_from_checkpoint(source.location, prompts, add_bos=bos,
-                                             max_new_tokens=max_new_tokens, quantize=mode,
-                                             device=device, **options)  # fmt: skip
-    else:
-        from qkv import pretrained
+            return generate_from_checkpoint(source.location, prompts, add_bos=bos,
+                                            max_new_tokens=max_new_tokens, quantize=quantize,
+                                            device=device, **options)  # fmt: skip
+    from qkv import pretrained
 
-        with stages.stage(f"loading {source.location}"):
-            bundle = pretrained.load(source.location, device=device,
-                                     **({"quantize": mode} if mode else {}))
-        if stream:
-            texts = stream_from_bundle(bundle, prompts, max_new_tokens=max_new_tokens,
-                                       chat=chat, console=console, **options)  # fmt: skip
-        else:
-            with stages.stage(doing):
-                texts = generate_from_bundle(bundle, prompts, max_new_tokens=max_new_tokens,
-                                             chat=chat, **options)  # fmt: skip
+    with stages.stage(f"loading {source.location}"):
+        bundle = pretrained.load(source.location, device=device,
+                                 **({"quantize": quantize} if quantize else {}))
+    if stream:
+        return stream_from_bundle(bundle, prompts, max_new_tokens=max_new_tokens, chat=chat,
+                                  console=console, **options)  # fmt: skip
+    with stages.stage(doing):
+        return generate_from_bundle(bundle, prompts, max_new_tokens=max_new_tokens,
+                                    chat=chat, **options)  # fmt: skip
+
+
+def _show(prompts: list[str], texts: list[str], *, as_json: bool, stream: bool) -> None:
+    """Print the texts on stdout: JSON lines, or each text (after a ``> prompt`` header when
+    there are several); nothing more after ``--stream``, which printed them as they came."""
     if as_json:
         print_jsonl({"prompt": p, "text": t} for p, t in zip(prompts, texts, strict=True))
     elif not stream:
@@ -403,10 +458,6 @@ def command(
             if len(prompts) > 1:  # several prompts: a header line before each answer
                 print(("\n" if i else "") + f"> {p}")
             print(text, flush=True)
-    hint = blank_output_hint(texts, sampling=temperature > 0,
-                             trained_here=source.kind == "checkpoint")  # fmt: skip
-    if hint is not None:
-        warn(hint, prefix="")
 
 
 def stream_from_bundle(

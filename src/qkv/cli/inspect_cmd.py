@@ -7,7 +7,7 @@ on the prompt and the generated text, and the viewer gains the generation timeli
 The model is a qkv checkpoint folder (:func:`qkv.checkpoint.load_checkpoint`, any of
 the four model classes) or anything :func:`qkv.pretrained.load` accepts (a packaged name, a
 Hugging Face-format folder, a ``.gguf`` file). The files come from
-:func:`qkv.inspect.write_report`.
+:func:`qkv.inspect.write_report`. The command's options travel as one :class:`InspectOptions`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,67 @@ from qkv.cli.progress import Stages
 from qkv.generate.session import model_device
 from qkv.inspect.labels import readable_tokens
 
-__all__ = ["Prepared", "add_generation", "command", "load_model", "prepare_inputs"]
+__all__ = ["InspectOptions", "Prepared", "add_generation", "command", "load_model",
+           "prepare_inputs"]
 
 NAME = "inspect"
+
+Model = Annotated[str, typer.Argument(
+    help="A qkv checkpoint folder, or a model qkv.pretrained.load knows (packaged name, "
+         "Hugging Face-format folder, .gguf file).", metavar="CHECKPOINT_OR_MODEL_NAME",
+)]
+Text = Annotated[str | None, typer.Argument(
+    help="The input text ('-': read it from standard input; for a speech model such as "
+         "whisper-tiny.en: an audio file); or give --input FILE.", show_default=False,
+)]
+InputFile = Annotated[Path | None, typer.Option(
+    "--input", "-i", help="A UTF-8 file whose whole text is the input text ('-': "
+    "standard input), instead of TEXT (text models).",
+    show_default=False,
+)]
+Target = Annotated[str | None, typer.Option(
+    "--target", help="Target text for an encoder-decoder (default: its greedy output).",
+)]
+Out = Annotated[Path, typer.Option("--out", help="Folder for the PNGs, trace and viewer.")]
+MaxTokens = Annotated[int, typer.Option(
+    "--max-tokens", help="Use at most this many tokens of the text.", min=1,
+)]
+Generate = Annotated[int, typer.Option(
+    "--generate", help="Decoder-only models: greedy-generate this many tokens after the "
+    "text (KV cache on) and add the generation timeline to the viewer.", min=0,
+)]
+
+
+@dataclass(frozen=True)
+class InspectOptions:
+    """What ``qkv inspect`` draws, and how; checked once, when built.
+
+    Raises:
+        ValueError: not exactly one text (TEXT and --input both give one).
+    """
+
+    model: str  # a checkpoint or run folder, or what qkv.pretrained.load takes
+    texts: tuple[str, ...]  # TEXT and --input's, read: exactly one
+    input_file: Path | None = None  # --input as given (a text model's only)
+    target: str | None = None  # an encoder-decoder's target text (None: its greedy output)
+    out: Path = Path("qkv-inspect")
+    max_tokens: int = 512
+    generate: int = 0  # greedy tokens generated after the text first (0: none)
+    device: str | None = None  # None: the CPU
+
+    def __post_init__(self) -> None:
+        if len(self.texts) != 1:
+            raise ValueError("qkv inspect draws one text: give TEXT or --input FILE, not both")
+
+    @property
+    def text(self) -> str:
+        """The input text (a speech model's: the audio file's path)."""
+        return self.texts[0]
+
+    @property
+    def title(self) -> str:
+        """The pictures' and the viewer's title: the model and the text's start."""
+        return f"{self.model}: {self.text[:60]}"
 
 
 @dataclass
@@ -160,32 +218,13 @@ def add_generation(p: Prepared, tokenizer: Any, new_tokens: int) -> Any:
 
 
 def command(
-    model: Annotated[str, typer.Argument(
-        help="A qkv checkpoint folder, or a model qkv.pretrained.load knows (packaged name, "
-             "Hugging Face-format folder, .gguf file).", metavar="CHECKPOINT_OR_MODEL_NAME",
-    )],
-    text: Annotated[str | None, typer.Argument(
-        help="The input text ('-': read it from standard input; for a speech model such as "
-             "whisper-tiny.en: an audio file); or give --input FILE.", show_default=False,
-    )] = None,
-    input_file: Annotated[Path | None, typer.Option(
-        "--input", "-i", help="A UTF-8 file whose whole text is the input text ('-': "
-        "standard input), instead of TEXT (text models).",
-        show_default=False,
-    )] = None,
-    target: Annotated[str | None, typer.Option(
-        "--target", help="Target text for an encoder-decoder (default: its greedy output).",
-    )] = None,
-    out: Annotated[Path, typer.Option("--out", help="Folder for the PNGs, trace and viewer.")] = (
-        Path("qkv-inspect")
-    ),
-    max_tokens: Annotated[int, typer.Option(
-        "--max-tokens", help="Use at most this many tokens of the text.", min=1,
-    )] = 512,
-    generate: Annotated[int, typer.Option(
-        "--generate", help="Decoder-only models: greedy-generate this many tokens after the "
-        "text (KV cache on) and add the generation timeline to the viewer.", min=0,
-    )] = 0,
+    model: Model,
+    text: Text = None,
+    input_file: InputFile = None,
+    target: Target = None,
+    out: Out = Path("qkv-inspect"),
+    max_tokens: MaxTokens = 512,
+    generate: Generate = 0,
     device: ModelDevice = None,
 ) -> None:
     """Draw a model's attention for one text: PNGs, the last token's journey, the viewer.
@@ -206,49 +245,65 @@ def command(
 
     [bold]Example:[/bold] qkv inspect runs/notes --input paragraph.txt --out inspect
     """
-    from qkv.inspect.report import write_report
-    from qkv.inspect.viewer import view
-
-    # Expected failures (ValueError, OSError, ...) become one line in common.guard. Tokens,
-    # names and paths are the user's: printed as text, never as rich markup.
-    console = Console(highlight=False, soft_wrap=True)  # paths are never broken across lines
-    items = read_items([text] if text is not None else [], input_file, what="text",
+    # Expected failures (ValueError, OSError, ...) become one line in common.guard.
+    texts = read_items([text] if text is not None else [], input_file, what="text",
                        per_line=False, given_as="TEXT", whole_file=True)  # fmt: skip
-    if len(items) != 1:
-        raise ValueError("qkv inspect draws one text: give TEXT or --input FILE, not both")
-    text = items[0]
+    options = InspectOptions(model=model, texts=tuple(texts), input_file=input_file,
+                             target=target, out=out, max_tokens=max_tokens, generate=generate,
+                             device=device)  # fmt: skip
     stages = Stages("inspect")  # stderr: a spinner on a terminal, a line per stage in a pipe
     with stages.stage(f"loading {model}"):
         bundle, net, src_tok, tgt_tok = load_model(model, device)
     if getattr(net, "encodes_tokens", True) is False:  # a speech model: TEXT is an audio file
-        if target is not None or generate or input_file is not None:
-            raise ValueError("--target, --generate and --input are for text models; a speech "
-                             "model takes an audio file as TEXT and transcribes it")  # fmt: skip
-        files, transcript = inspect_speech(bundle, Path(text), out,
-                                           title=f"{model}: {text[:60]}", stages=stages)
-        console.print(f"transcript (first 30 s): {transcript}", markup=False)
-        for what, path in files.items():
-            console.print(f"  {what:<34} {path}", markup=False)
-        console.print(f"[bold]viewer:[/bold] {escape(str(files['viewer']))} (open it in a "
-                      "browser; no network)")  # fmt: skip
-        return
-    with stages.stage("preparing the inputs" + (" and generating" if generate else "")):
-        p = prepare_inputs(net, src_tok, tgt_tok, text, target, max_tokens)
-        gen = add_generation(p, src_tok, generate) if generate else None
-    title = f"{model}: {text[:60]}"
+        inspect_audio(options, bundle, stages)
+    else:
+        inspect_text(options, net, src_tok, tgt_tok, stages)
+
+
+def inspect_audio(options: InspectOptions, bundle: Any, stages: Stages) -> None:
+    """A speech model: the audio file's transcript drawn against time, and the viewer.
+
+    Raises:
+        ValueError: ``--target``, ``--generate`` or ``--input`` (a text model's options).
+    """
+    if options.target is not None or options.generate or options.input_file is not None:
+        raise ValueError("--target, --generate and --input are for text models; a speech "
+                         "model takes an audio file as TEXT and transcribes it")  # fmt: skip
+    files, transcript = inspect_speech(bundle, Path(options.text), options.out,
+                                       title=options.title, stages=stages)  # fmt: skip
+    console = Console(highlight=False, soft_wrap=True)  # paths are never broken across lines
+    console.print(f"transcript (first 30 s): {transcript}", markup=False)
+    _print_files(console, files)
+
+
+def inspect_text(options: InspectOptions, net: torch.nn.Module, src_tok: Any, tgt_tok: Any,
+                 stages: Stages) -> None:  # fmt: skip
+    """A text model: tokenise (and generate), run under capture, draw, print what was written."""
+    from qkv.inspect.report import write_report
+    from qkv.inspect.viewer import view
+
+    o = options
+    with stages.stage("preparing the inputs" + (" and generating" if o.generate else "")):
+        p = prepare_inputs(net, src_tok, tgt_tok, o.text, o.target, o.max_tokens)
+        gen = add_generation(p, src_tok, o.generate) if o.generate else None
     with stages.stage(f"running the model on {len(p.tokens)} tokens and drawing "
-                      f"(PNGs, journey, viewer) in {out}"):
-        files = write_report(
-            p.model, p.input_ids, out, tokens=p.tokens, target=p.target,
-            target_tokens=p.target_tokens, title=title,
-        )
+                      f"(PNGs, journey, viewer) in {o.out}"):
+        files = write_report(p.model, p.input_ids, o.out, tokens=p.tokens, target=p.target,
+                             target_tokens=p.target_tokens, title=o.title)  # fmt: skip
         if gen is not None:  # the same viewer, with the timeline
             view(p.model, p.tokens, files["viewer"], input_ids=p.input_ids, timeline=gen,
-                 title=title)  # fmt: skip
+                 title=o.title)  # fmt: skip
+    # Tokens, names and paths are the user's: printed as text, never as rich markup.
+    console = Console(highlight=False, soft_wrap=True)  # paths are never broken across lines
     for note in p.notes:
         console.print(f"note: {note}", markup=False)
     console.print(f"{len(p.tokens)} tokens: {' '.join(p.tokens[:24])}" +
                   (" ..." if len(p.tokens) > 24 else ""), markup=False)  # fmt: skip
+    _print_files(console, files)
+
+
+def _print_files(console: Console, files: dict[str, Path]) -> None:
+    """One line per file written, then how to open the viewer."""
     for what, path in files.items():
         console.print(f"  {what:<34} {path}", markup=False)
     console.print(f"[bold]viewer:[/bold] {escape(str(files['viewer']))} (open it in a browser; "

@@ -32,7 +32,7 @@ def inspect_speech(bundle: Any, audio: Path, out: Path, *, title: str,
     """
     from qkv.inspect.alignment import cross_attention_alignment, plot_time_alignment
     from qkv.inspect.viewer import view
-    from qkv.pretrained import audio as audio_mod
+    from qkv.pretrained.whisper import audio as audio_mod
 
     if not audio.is_file():
         what = "is a folder" if audio.is_dir() else "does not exist"

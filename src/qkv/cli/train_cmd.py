@@ -7,7 +7,9 @@ the tokenizers are characters, bytes or a byte-level BPE (``--tokenizer``). The 
 ``metrics.jsonl``, ``loss.png`` and ``data.json`` (the data spec, for ``qkv eval``);
 ``--resume RUN`` continues a run folder exactly where its ``last`` checkpoint stopped. The
 settings are described in :mod:`qkv.train.spec`; building and running the model is
-:mod:`qkv.train.runs`.
+:mod:`qkv.train.runs`. ``--from`` (fine-tuning a pretrained model) is :func:`qkv.train.finetuning`,
+its options turned into a spec by :mod:`qkv.cli.train_from`. The command's options become one
+:class:`~qkv.cli.train_options.TrainArgs` record, which every path reads.
 
 Under ``torchrun`` the same command trains data-parallel: each process starts the process
 group (gloo on CPU, NCCL with ``--device cuda``, each rank on ``cuda:LOCAL_RANK``), builds the
@@ -19,6 +21,8 @@ same seeded model and data, and trains on its share of every global batch, with 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +32,8 @@ from rich.markup import escape
 
 from qkv.cli import train_options as o
 from qkv.cli.common import fail
-from qkv.cli.train_from import (
-    FINETUNE_FILE,
-    finetune,
-    lora_options,
-    plan,
-    refuse_clashes,
-    resume_finetune,
-)
-from qkv.cli.train_from import report as report_from
+from qkv.cli.train_from import lora_options, report, resume_from, run_from
+from qkv.cli.train_options import COLUMNS, FIELDS, LEVERS, TrainArgs
 from qkv.distributed.data_parallel import (
     World,
     barrier,
@@ -47,6 +44,7 @@ from qkv.distributed.data_parallel import (
     leave,
     shutdown,
 )
+from qkv.train.finetune_spec import FINETUNE_FILE
 from qkv.train.metrics import describe_metrics
 from qkv.train.runs import (
     build_model,
@@ -60,44 +58,28 @@ from qkv.train.spec import DATA_FILE, DataSpec, load_dataset, read_data_spec, re
 __all__ = ["command", "metrics_text", "resume_notice"]
 
 NAME = "train"
+# What --resume takes along: the run brings its own data and settings.
+RESUME_TAKES = ("resume", "steps", "max_seconds", "device", "threads")
+EXPECTED = (ValueError, TypeError, FileNotFoundError, ImportError, OSError, FloatingPointError,
+            RuntimeError)  # fmt: skip
 
 
 def command(
-    task: o.Task = None,
-    text: o.Text = None,
-    pairs: o.Pairs = None,
-    source_column: o.SourceColumn = None,
-    target_column: o.TargetColumn = None,
-    text_column: o.TextColumn = None,
-    tokenizer: o.Tokenizer = None,
-    vocab_size: o.VocabSize = None,
-    from_: o.From = None,
-    chat: o.Chat = None,
-    lora_rank: o.LoraRank = None,
-    lora_alpha: o.LoraAlpha = None,
-    lora_dropout: o.LoraDropout = None,
-    lora_targets: o.LoraTargets = None,
-    resume: o.Resume = None,
-    config: o.Config = None,
-    out: o.Out = None,
-    steps: o.Steps = None,
-    batch_size: o.BatchSize = None,
-    lr: o.Lr = None,
-    eval_every: o.EvalEvery = None,
-    d_model: o.DModel = None,
-    layers: o.Layers = None,
-    heads: o.Heads = None,
-    seed: o.Seed = None,
-    max_seconds: o.MaxSeconds = None,
-    device: o.Device = None,
-    threads: o.Threads = None,
-    pack: o.Pack = None,
-    fsdp: o.Fsdp = None,
-    context_parallel: o.ContextParallel = None,
+    task: o.Task = None, text: o.Text = None, pairs: o.Pairs = None,
+    source_column: o.SourceColumn = None, target_column: o.TargetColumn = None,
+    text_column: o.TextColumn = None, tokenizer: o.Tokenizer = None,
+    vocab_size: o.VocabSize = None, from_: o.From = None, chat: o.Chat = None,
+    lora_rank: o.LoraRank = None, lora_alpha: o.LoraAlpha = None,
+    lora_dropout: o.LoraDropout = None, lora_targets: o.LoraTargets = None,
+    resume: o.Resume = None, config: o.Config = None, out: o.Out = None,
+    steps: o.Steps = None, batch_size: o.BatchSize = None, lr: o.Lr = None,
+    eval_every: o.EvalEvery = None, d_model: o.DModel = None, layers: o.Layers = None,
+    heads: o.Heads = None, seed: o.Seed = None, max_seconds: o.MaxSeconds = None,
+    device: o.Device = None, threads: o.Threads = None, pack: o.Pack = None,
+    fsdp: o.Fsdp = None, context_parallel: o.ContextParallel = None,
     context_method: o.ContextMethod = None,
-    checkpoint_activations: o.CheckpointActivations = None,
-    bf16: o.Bf16 = None,
-) -> None:
+    checkpoint_activations: o.CheckpointActivations = None, bf16: o.Bf16 = None,
+) -> None:  # fmt: skip
     """Train a transformer from scratch (a synthetic task, a file of pairs, any text), or
     fine-tune a pretrained one (--from).
 
@@ -130,61 +112,25 @@ def command(
     [bold]Fine-tune (LoRA):[/bold] qkv train --from SmolLM2-135M-Instruct --chat chats.jsonl
     --lora-rank 8 --out runs/chat
     """
+    args = TrainArgs(**{name: value for name, value in locals().items() if name in FIELDS})
     console = Console(highlight=False, soft_wrap=True)
-    if threads is not None:
-        torch.set_num_threads(threads)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    closing, world = _guarded(args, console)
+    if world.is_zero:
+        closing()
+    if launched():
+        leave(0)  # no interpreter finalisation under torchrun: see leave()
+
+
+def _guarded(args: TrainArgs, console: Console) -> tuple[Callable[[], None], World]:
+    """:func:`_dispatch`, its expected failures as one line (naming the rank in a
+    data-parallel run), the process group shut down whatever happens."""
     finished = False
     try:
-        columns = dict(source_column=source_column, target_column=target_column,
-                       text_column=text_column, tokenizer=tokenizer, vocab_size=vocab_size)
-        levers = {"checkpoint_activations": checkpoint_activations, "bf16": bf16,
-                  "context_parallel": context_parallel,
-                  "context_method": context_method}  # fmt: skip
-        lora = lora_options(lora_rank, lora_alpha, lora_dropout, lora_targets)
-        if from_ is None and (chat is not None or lora is not None):
-            raise ValueError("--chat and --lora-rank fine-tune a pretrained model: give --from "
-                             "MODEL")  # fmt: skip
-        tuned = from_ is not None
-        if from_ is not None:
-            refuse_clashes({"TASK": task, "--pairs": pairs, "--resume": resume,
-                            "--d-model": d_model, "--layers": layers, "--heads": heads,
-                            "--tokenizer": tokenizer, "--vocab-size": vocab_size,
-                            "--fsdp": fsdp, "--pack": pack, "--source-column": source_column,
-                            "--target-column": target_column})  # fmt: skip
-            options = dict(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every,
-                           seed=seed, device=device, **levers)  # fmt: skip
-            run_dir = out if out is not None else Path("runs") / f"{Path(from_).stem}-ft"
-            done, world = finetune(plan(from_, text, chat, text_column, lora),
-                                   run_dir=run_dir, table=_train_table(config),
-                                   options=options, max_seconds=max_seconds,
-                                   say=_say(console))  # fmt: skip
-        elif resume is not None:
-            given = {"TASK": task, "--text": text, "--pairs": pairs, "--config": config,
-                     "--out": out, "--batch-size": batch_size, "--lr": lr,
-                     "--eval-every": eval_every, "--d-model": d_model, "--layers": layers,
-                     "--heads": heads, "--seed": seed, "--pack": pack,
-                     "--fsdp": fsdp, **{f"--{k.replace('_', '-')}": v
-                                        for k, v in {**columns, **levers}.items()}}  # fmt: skip
-            clash = [k for k, v in given.items() if v is not None]
-            if clash:
-                raise ValueError(f"--resume continues a run with its own data and settings; "
-                                 f"drop {', '.join(clash)} (only --steps, --max-seconds, "
-                                 "--device and --threads go with it)")  # fmt: skip
-            if (resume / FINETUNE_FILE).is_file():  # a fine-tuning run
-                run_dir, tuned = resume, True
-                done, world = resume_finetune(resume, steps, max_seconds, device,
-                                              _say(console))  # fmt: skip
-            else:
-                done, spec, run_dir, world = _resume(console, resume, steps, max_seconds,
-                                                     device)  # fmt: skip
-        else:
-            done, spec, run_dir, world = _train(
-                console, task, text, pairs, config, out, steps, batch_size, lr, eval_every,
-                d_model, layers, heads, seed, max_seconds, device, fsdp, pack, columns, levers,
-            )  # fmt: skip
+        done = _dispatch(args, console)
         finished = True
-    except (ValueError, TypeError, FileNotFoundError, ImportError, OSError, FloatingPointError,
-            RuntimeError) as err:  # fmt: skip
+    except EXPECTED as err:
         if isinstance(err, RuntimeError) and not is_peer_failure(err):
             raise  # a bug, not an expected failure: keep its traceback
         world, message = current_world(), str(err)  # "rank r of N: ..." in a data-parallel run
@@ -193,25 +139,33 @@ def command(
     finally:
         if launched():
             shutdown(together=finished)
-    if world.is_zero and tuned:
-        report_from(console, done, run_dir, world)
-    elif world.is_zero:
-        _report(console, done, spec, run_dir, world)
-    if launched():
-        leave(0)  # no interpreter finalisation under torchrun: see leave()
+    return done
 
 
-def _train_table(config: Path | None) -> dict[str, Any]:
-    """``--config``'s training keys for ``--from`` (its model and data are given)."""
-    if config is None:
-        return {}
-    tables = read_spec_toml(config)
-    extra = [f"[{k}]" for k in ("data", "model") if tables[k]]
-    if extra:
-        raise ValueError(f"{config}: {' and '.join(extra)} do not apply with --from (the "
-                         "pretrained model and its tokenizer are given); keep the training "
-                         "keys")  # fmt: skip
-    return tables["train"]
+def _dispatch(args: TrainArgs, console: Console) -> tuple[Callable[[], None], World]:
+    """Fine-tune, resume or train from scratch, as the options say; ``(the closing lines to
+    print on rank 0, the world)``."""
+    lora = lora_options(args)
+    if args.from_ is None and (args.chat is not None or lora is not None):
+        raise ValueError("--chat and --lora-rank fine-tune a pretrained model: give --from "
+                         "MODEL")  # fmt: skip
+    if args.from_ is not None:
+        run = run_from(args, _say(console))
+        return functools.partial(report, console, run), run.world
+    if args.resume is not None:
+        clash = args.given(*(f for f in FIELDS if f not in RESUME_TAKES))
+        if clash:
+            raise ValueError(f"--resume continues a run with its own data and settings; "
+                             f"drop {', '.join(clash)} (only --steps, --max-seconds, "
+                             "--device and --threads go with it)")  # fmt: skip
+        if (args.resume / FINETUNE_FILE).is_file():  # a fine-tuning run
+            run = resume_from(args, _say(console))
+            return functools.partial(report, console, run), run.world
+        done, spec, run_dir, world = _resume(console, args.resume, args.steps,
+                                             args.max_seconds, args.device)  # fmt: skip
+    else:
+        done, spec, run_dir, world = _train(console, args)
+    return functools.partial(_report, console, done, spec, run_dir, world), world
 
 
 def _blamed(err: ValueError, config: Path | None, file_alone: Any) -> str:
@@ -259,24 +213,16 @@ def metrics_text(metrics: dict[str, float]) -> str:
     return describe_metrics(metrics)
 
 
-def _train(console, task, text, pairs, config, out, steps, batch_size, lr, eval_every, d_model,
-           layers, heads, seed, max_seconds, device, fsdp, pack, columns, levers):  # fmt: skip
+def _train(console: Console, args: TrainArgs) -> tuple[dict[str, Any], DataSpec, Path, World]:
     """Build the run and train it; ``(run_training's result, spec, run folder, world)``."""
-    if max_seconds is not None and max_seconds <= 0:
-        raise ValueError(f"--max-seconds must be > 0, got {max_seconds}")
+    if args.max_seconds is not None and args.max_seconds <= 0:
+        raise ValueError(f"--max-seconds must be > 0, got {args.max_seconds}")
+    config = args.config
     tables = read_spec_toml(config) if config is not None else {"train": {}, "data": {},
                                                               "model": {}}  # fmt: skip
-    try:
-        spec = DataSpec.build(tables["data"], task=task, pairs=pairs, text=text, seed=seed,
-                              **columns)  # fmt: skip
-        if seed is None and "seed" not in tables["data"] and "seed" in tables["train"]:
-            spec = DataSpec(**{**spec.to_json(), "seed": tables["train"]["seed"]})
-        run_dir = out if out is not None else Path("runs") / Path(spec.source).stem
-    except ValueError as err:
-        raise ValueError(f"{config}: {err}" if config is not None else err) from None
-    options = dict(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every,
-                   seed=seed, device=device, fsdp=fsdp, pack=pack,
-                   run_dir=str(run_dir), **levers)  # fmt: skip
+    spec, run_dir = _data_spec(args, tables)
+    options = {**args.pick("steps", "batch_size", "lr", "eval_every", "seed", "device", "fsdp",
+                           "pack", *LEVERS), "run_dir": str(run_dir)}  # fmt: skip
     try:
         train_config = build_train_config(spec.kind, tables["train"], options)
     except ValueError as err:
@@ -293,26 +239,45 @@ def _train(console, task, text, pairs, config, out, steps, batch_size, lr, eval_
     vocab = {role: tok.vocab_size for role, tok in toks.items()}
     try:
         # seeded right before the weights are drawn: one seed, one initial model
-        model = build_model(spec.kind, tables["model"], dict(d_model=d_model, layers=layers,
-                            heads=heads), vocab, train_config.block_size,
-                            seed=train_config.seed)  # fmt: skip
+        model = build_model(spec.kind, tables["model"], args.pick("d_model", "layers", "heads"),
+                            vocab, train_config.block_size, seed=train_config.seed)
     except ValueError as err:
         raise ValueError(f"{config}: [model] {err}" if config is not None else err) from None
-    # user text (paths, a corpus name) is escaped: "[" in it is not rich markup
-    say(f"[bold]qkv train[/bold] {spec.kind} {escape(str(spec.source))} "
-        f"({spec.tokenizer} tokenizer): "
-        f"{type(model).__name__}, {model.num_parameters():,} parameters, "
-        f"{train_config.steps:,} steps → {escape(str(run_dir))}"
-        + (f" ({world.size} processes, {'FSDP' if train_config.fsdp else 'DDP'}"
-           + (f", {train_config.context_parallel} per sequence"
-              if train_config.context_parallel > 1 else "") + ")"
-           if world.parallel else ""))  # fmt: skip
+    say(_header(spec, model, train_config, run_dir, world))
     if world.is_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
         _write_json(run_dir / DATA_FILE, spec.to_json())
-    done = run_training(spec, data, toks, model, train_config, max_seconds=max_seconds,
+    done = run_training(spec, data, toks, model, train_config, max_seconds=args.max_seconds,
                         log=say)  # fmt: skip
     return done, spec, run_dir, world
+
+
+def _data_spec(args: TrainArgs, tables: dict[str, Any]) -> tuple[DataSpec, Path]:
+    """The data spec of a run from scratch (options over ``--config``'s ``[data]``) and its
+    run folder; an error in the file's settings names the file."""
+    try:
+        spec = DataSpec.build(tables["data"], task=args.task, pairs=args.pairs, text=args.text,
+                              seed=args.seed, **args.pick(*COLUMNS))  # fmt: skip
+        if args.seed is None and "seed" not in tables["data"] and "seed" in tables["train"]:
+            spec = DataSpec(**{**spec.to_json(), "seed": tables["train"]["seed"]})
+        run_dir = args.out if args.out is not None else Path("runs") / Path(spec.source).stem
+    except ValueError as err:
+        raise ValueError(f"{args.config}: {err}" if args.config is not None else err) from None
+    return spec, run_dir
+
+
+def _header(spec: DataSpec, model: Any, config: Any, run_dir: Path, world: World) -> str:
+    """The run's first line: the data, the model, the steps, where, on how many processes."""
+    # user text (paths, a corpus name) is escaped: "[" in it is not rich markup
+    parallel = ""
+    if world.parallel:
+        per_sequence = (f", {config.context_parallel} per sequence"
+                        if config.context_parallel > 1 else "")  # fmt: skip
+        parallel = f" ({world.size} processes, {'FSDP' if config.fsdp else 'DDP'}{per_sequence})"
+    return (f"[bold]qkv train[/bold] {spec.kind} {escape(str(spec.source))} "
+            f"({spec.tokenizer} tokenizer): {type(model).__name__}, "
+            f"{model.num_parameters():,} parameters, {config.steps:,} steps → "
+            f"{escape(str(run_dir))}{parallel}")  # fmt: skip
 
 
 def _resume(console, run_dir: Path, steps, max_seconds, device):

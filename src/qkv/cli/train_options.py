@@ -1,11 +1,13 @@
 """The options of ``qkv train`` (:mod:`qkv.cli.train_cmd`), declared once each: a typer
 annotation per option, named after it (``--lora-rank`` is ``LoraRank``), so the command's
-signature reads as a list and its body as the logic."""
+signature reads as a list and its body as the logic; :class:`TrainArgs` holds what one
+command line gave, as one record."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -45,6 +47,7 @@ __all__ = [
     "TextColumn",
     "Threads",
     "Tokenizer",
+    "TrainArgs",
     "VocabSize",
 ]
 
@@ -164,3 +167,63 @@ Bf16 = Annotated[bool | None, typer.Option(
     "forward and loss (much slower on a CPU without native bfloat16: a note says so) "
     "\\[default: --config's, else float32].",
 )]
+
+
+@dataclass(frozen=True)
+class TrainArgs:
+    """One ``qkv train`` command line: every option as the command received it (None: not
+    given), named as the command's parameters (``from_`` is ``--from``)."""
+
+    task: str | None = None
+    text: Path | None = None
+    pairs: Path | None = None
+    source_column: str | None = None
+    target_column: str | None = None
+    text_column: str | None = None
+    tokenizer: str | None = None
+    vocab_size: int | None = None
+    from_: str | None = None
+    chat: Path | None = None
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_dropout: float | None = None
+    lora_targets: str | None = None
+    resume: Path | None = None
+    config: Path | None = None
+    out: Path | None = None
+    steps: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    eval_every: int | None = None
+    d_model: int | None = None
+    layers: int | None = None
+    heads: int | None = None
+    seed: int | None = None
+    max_seconds: float | None = None
+    device: str | None = None
+    threads: int | None = None
+    pack: bool | None = None
+    fsdp: bool | None = None
+    context_parallel: int | None = None
+    context_method: str | None = None
+    checkpoint_activations: bool | None = None
+    bf16: bool | None = None
+
+    def given(self, *names: str) -> list[str]:
+        """The options among ``names`` (fields) that the command line gave, as typed."""
+        return [flag(n) for n in names if getattr(self, n) is not None]
+
+    def pick(self, *names: str) -> dict[str, Any]:
+        """``{name: value}`` for the fields ``names`` (None where not given)."""
+        return {n: getattr(self, n) for n in names}
+
+
+FIELDS = tuple(f.name for f in fields(TrainArgs))
+# The data's columns and tokenizer, and the memory and parallelism levers, as they travel on.
+COLUMNS = ("source_column", "target_column", "text_column", "tokenizer", "vocab_size")
+LEVERS = ("checkpoint_activations", "bf16", "context_parallel", "context_method")
+
+
+def flag(name: str) -> str:
+    """How the command line spells the field ``name``: ``TASK``, ``--from``, ``--lora-rank``."""
+    return {"task": "TASK", "from_": "--from"}.get(name, f"--{name.replace('_', '-')}")

@@ -1,10 +1,12 @@
 """``qkv translate``: translate text with a trained encoder-decoder checkpoint, or with a
 pretrained one (``--model PATH``: a Hugging Face BART, T5 or Marian/Opus-MT folder, through
-:func:`qkv.pretrained.load`); one output per line."""
+:func:`qkv.pretrained.load`); one output per line. The command's options travel as one
+:class:`TranslateOptions`, checked once."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,10 +27,40 @@ from qkv.cli.inputs import read_items
 from qkv.cli.outputs import print_jsonl
 from qkv.train.runs import load_run, seq2seq_parts
 
-__all__ = ["command", "input_warnings", "translate_pretrained", "translate_texts"]
+__all__ = ["TranslateOptions", "command", "input_warnings", "translate_pretrained",
+           "translate_texts"]
 
 NAME = "translate"
 SHOWN_UNKNOWN = 8  # unknown characters named in a warning, at most
+
+Inputs = Annotated[list[str] | None, typer.Argument(
+    metavar="[CHECKPOINT] TEXTS...",
+    help="A checkpoint folder, or a run folder (its best/ checkpoint is used), then the "
+         "texts to translate; with --model, only the texts.",
+    show_default=False,
+)]
+Model = Annotated[str | None, typer.Option(
+    "--model", "-m", help="A pretrained encoder-decoder instead of a checkpoint: a Hugging "
+    "Face folder (BART, T5, Marian/Opus-MT).", show_default=False,
+)]
+Compile = Annotated[bool, typer.Option(
+    "--compile", metavar=FLAG, help="A static KV cache and torch.compile for the decoding "
+    "steps (the first run compiles; needs a C++ compiler, else eager; not with "
+    "--beam-size).",
+)]
+MaxNewTokens = Annotated[int | None, typer.Option(
+    "--max-new-tokens", "-n", min=1, show_default=False,
+    help=f"Most tokens of each translation \\[default: {TRANSLATION_NEW_TOKENS}, within "
+    "the model's max_len].",
+)]
+InputFile = Annotated[Path | None, typer.Option(
+    "--input", "-i", help="A UTF-8 file of texts to translate, one per line ('-': "
+    "standard input).", show_default=False,
+)]
+AsJson = Annotated[bool, typer.Option(
+    "--json", metavar=FLAG, help="Print one JSON object per text ({\"source\", "
+    "\"translation\"}), one per line.",
+)]
 
 
 def _check(texts: list[str], beam: int | None, compile: bool = False,
@@ -149,37 +181,38 @@ def translate_pretrained(model: str | Path, texts: list[str], *, beam: int | Non
         batch, beam_size=beam, max_new_tokens=max_new_tokens, compile=compile))  # fmt: skip
 
 
+@dataclass(frozen=True)
+class TranslateOptions:
+    """What ``qkv translate`` translates, with what and how; checked once, when built (the
+    options as typed, before anything loads).
+
+    Raises:
+        ValueError: no texts, ``--compile`` with a beam size, a beam size < 1.
+    """
+
+    texts: tuple[str, ...]  # TEXTS and --input's, in order
+    checkpoint: str | None = None  # a checkpoint or run folder; None: --model
+    model: str | None = None  # a pretrained encoder-decoder; None: checkpoint
+    beam: int | None = None  # --beam-size or --beam; None: greedy
+    typed: str = "--beam-size"  # how the beam size was typed, for messages
+    compile: bool = False
+    max_new_tokens: int | None = None  # None: the library's default, from the source
+    as_json: bool = False
+    device: str | None = None  # None: the CPU
+
+    def __post_init__(self) -> None:
+        _check(list(self.texts), self.beam, self.compile, self.typed)
+
+
 def command(
-    inputs: Annotated[list[str] | None, typer.Argument(
-        metavar="[CHECKPOINT] TEXTS...",
-        help="A checkpoint folder, or a run folder (its best/ checkpoint is used), then the "
-             "texts to translate; with --model, only the texts.",
-        show_default=False,
-    )] = None,
-    model: Annotated[str | None, typer.Option(
-        "--model", "-m", help="A pretrained encoder-decoder instead of a checkpoint: a Hugging "
-        "Face folder (BART, T5, Marian/Opus-MT).", show_default=False,
-    )] = None,
+    inputs: Inputs = None,
+    model: Model = None,
     beam_size: BeamSize = None,
     beam: BeamAlias = None,
-    compile: Annotated[bool, typer.Option(
-        "--compile", metavar=FLAG, help="A static KV cache and torch.compile for the decoding "
-        "steps (the first run compiles; needs a C++ compiler, else eager; not with "
-        "--beam-size).",
-    )] = False,
-    max_new_tokens: Annotated[int | None, typer.Option(
-        "--max-new-tokens", "-n", min=1, show_default=False,
-        help=f"Most tokens of each translation \\[default: {TRANSLATION_NEW_TOKENS}, within "
-        "the model's max_len].",
-    )] = None,
-    input_file: Annotated[Path | None, typer.Option(
-        "--input", "-i", help="A UTF-8 file of texts to translate, one per line ('-': "
-        "standard input).", show_default=False,
-    )] = None,
-    as_json: Annotated[bool, typer.Option(
-        "--json", metavar=FLAG, help="Print one JSON object per text ({\"source\", "
-        "\"translation\"}), one per line.",
-    )] = False,
+    compile: Compile = False,
+    max_new_tokens: MaxNewTokens = None,
+    input_file: InputFile = None,
+    as_json: AsJson = False,
     device: ModelDevice = None,
 ) -> None:
     """Translate texts with a trained encoder-decoder checkpoint, or a pretrained one with
@@ -197,29 +230,53 @@ def command(
     as the file reads standard input, one text per line)
     """
     # Expected failures (ValueError, OSError, ...) become one line in common.guard.
-    beam, typed = beam_of(beam_size, beam)
-    items = list(inputs or [])
-    if model is None:
-        if not items:
-            raise ValueError("give a CHECKPOINT folder and the TEXTS to translate, or --model "
-                             "PATH and the texts")  # fmt: skip
-        checkpoint, items = items[0], items[1:]
+    beams, typed = beam_of(beam_size, beam)
+    checkpoint, items = _split_inputs(list(inputs or []), model)
     texts = read_items(items, input_file, what="text to translate")
-    _check(texts, beam, compile, typed)  # the options as typed, before anything loads
+    options = TranslateOptions(texts=tuple(texts), checkpoint=checkpoint, model=model,
+                               beam=beams, typed=typed, compile=compile,
+                               max_new_tokens=max_new_tokens, as_json=as_json,
+                               device=device)  # fmt: skip
+    print_translations(options, translations(options))
+
+
+def _split_inputs(items: list[str], model: str | None) -> tuple[str | None, list[str]]:
+    """``(checkpoint, texts)`` of the positional arguments: without --model, the first is
+    the checkpoint.
+
+    Raises:
+        ValueError: neither a checkpoint nor --model.
+    """
     if model is not None:
-        outputs = translate_pretrained(model, texts, beam=beam, max_new_tokens=max_new_tokens,
-                                       compile=compile, on_warning=warn,
-                                       device=device)  # fmt: skip
-    else:
-        outputs = translate_texts(checkpoint, texts, beam=beam, max_new_tokens=max_new_tokens,
-                                  compile=compile, on_warning=warn, device=device)  # fmt: skip
-    if as_json:
+        return None, items
+    if not items:
+        raise ValueError("give a CHECKPOINT folder and the TEXTS to translate, or --model "
+                         "PATH and the texts")  # fmt: skip
+    return items[0], items[1:]
+
+
+def translations(options: TranslateOptions) -> list[str]:
+    """The translations of ``options.texts`` (one per text, ``""`` for a blank one), each
+    input warning printed on stderr."""
+    o = options
+    given = {"beam": o.beam, "max_new_tokens": o.max_new_tokens, "compile": o.compile,
+             "on_warning": warn, "device": o.device}  # fmt: skip
+    if o.model is not None:
+        return translate_pretrained(o.model, list(o.texts), **given)
+    assert o.checkpoint is not None
+    return translate_texts(o.checkpoint, list(o.texts), **given)
+
+
+def print_translations(options: TranslateOptions, outputs: list[str]) -> None:
+    """stdout: one line (or JSON object) per text; stderr: a hint if a translation is blank."""
+    texts = options.texts
+    if options.as_json:
         print_jsonl({"source": t, "translation": o} for t, o in zip(texts, outputs, strict=True))
     else:
         console = Console(highlight=False, soft_wrap=True)
         for line in outputs:
             console.print(line, markup=False)
     empty = {i for i, t in enumerate(texts) if not t.strip()}
-    hint = blank_output_hint(outputs, skip=empty, trained_here=model is None)
+    hint = blank_output_hint(outputs, skip=empty, trained_here=options.model is None)
     if hint is not None:
         warn(hint, prefix="")

@@ -14,6 +14,11 @@ never an index error inside an embedding, a NaN distribution or a silently ignor
   each inside the vocabulary whose embedding will read it.
 * :func:`default_new_tokens`: how many tokens to generate when the caller did not say: a
   default, cut to the room the longest prompt leaves within the model's ``max_len``.
+
+A bad decoding option is a :class:`ParamError`: a ``ValueError`` that also carries the
+option's name (``err.param``), so a caller with other names for the options (the HTTP API's
+``max_tokens``, the command's ``--top-p``) names its own field with :meth:`ParamError.named`
+instead of editing the message.
 """
 
 from __future__ import annotations
@@ -27,13 +32,16 @@ from qkv.checks import is_int, is_number, positive_int
 
 __all__ = [
     "SEED_RANGE",
+    "ParamError",
     "check_alpha",
     "check_beams",
     "check_sampling",
     "check_seed",
+    "check_stops",
     "default_new_tokens",
     "length_limit",
     "output_vocab",
+    "positive_param",
     "special_ids",
 ]
 
@@ -41,20 +49,64 @@ __all__ = [
 SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
+class ParamError(ValueError):
+    """A decoding option the library refuses, with the option's name.
+
+    The message is ``before + param + after``: ``ParamError("top_p", " must lie in (0, 1],
+    got 0")`` reads "top_p must lie in (0, 1], got 0".
+
+    Args:
+        param: the option's name in the library (``max_new_tokens``, ``top_p``, ...).
+        after: the message after the name: what it must be and what was received.
+        before: the message before the name ("" when it starts the message).
+
+    Attributes:
+        param: as given, for callers that map it to their own names.
+    """
+
+    def __init__(self, param: str, after: str, before: str = "") -> None:
+        self.param, self.before, self.after = param, before, after
+        super().__init__(self.named(param))
+
+    def named(self, name: str) -> str:
+        """The message with the option called ``name`` (e.g. an API's field name)."""
+        return f"{self.before}{name}{self.after}"
+
+
+def positive_param(name: str, value: object) -> int:
+    """``value`` when it is an int >= 1 (not a bool), else :class:`ParamError` naming ``name``."""
+    if not is_int(value) or value < 1:
+        raise ParamError(name, f" must be a positive int, got {value!r}")
+    return value
+
+
 def check_sampling(temperature: object, top_k: object, top_p: object) -> None:
     """Check the sampling options (all of them, whether or not they will be used).
 
     Raises:
-        ValueError: ``temperature`` not a finite number >= 0; ``top_k`` not None or an int
+        ParamError: ``temperature`` not a finite number >= 0; ``top_k`` not None or an int
             >= 1; ``top_p`` not None or a number in ``(0, 1]`` (bools refused everywhere).
     """
     if not is_number(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got "
+        raise ParamError("temperature", f" must be a finite number >= 0 (0 = greedy), got "
                          f"{temperature!r}")  # fmt: skip
     if top_k is not None and (not is_int(top_k) or top_k < 1):
-        raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+        raise ParamError("top_k", f" must be a positive int or None, got {top_k!r}")
     if top_p is not None and (not is_number(top_p) or not 0.0 < top_p <= 1.0):
-        raise ValueError(f"top_p must lie in (0, 1] (or be None), got {top_p!r}")
+        raise ParamError("top_p", f" must lie in (0, 1] (or be None), got {top_p!r}")
+
+
+def check_stops(stop: object) -> tuple[str, ...]:
+    """``stop`` as a tuple of non-empty strings (one string is one stop string; ``()``: none).
+
+    Raises:
+        ParamError: not a string or a sequence of non-empty strings.
+    """
+    stops = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stops, Sequence) or not all(isinstance(s, str) and s for s in stops):
+        raise ParamError("stop", f" must be a non-empty string or a list of them, got "
+                         f"{stop!r:.80}")  # fmt: skip
+    return tuple(stops)
 
 
 def check_alpha(alpha: object) -> float:

@@ -13,8 +13,14 @@ one token each, at its own position, attending over its own pages
 
 Every request gets the tokens it would get alone: greedy rows equal
 :func:`qkv.generate.greedy` on the request by itself, and a sampled request draws from its own
-seeded generator. Decoder-only models whose attention the paged cache expresses: rotary,
-learned or no positions; no ALiBi, relative biases, sliding windows or soft-capping.
+seeded generator. Each request's :class:`~qkv.generate.engine.SamplingParams` is applied to
+its own row: its controls (repetition penalty, no-repeat n-grams, bad words, minimum length,
+forced EOS) edit the row's logits from the row's own tokens (prompt + output), min-p filters
+in its sampler, so rows with different controls in one batch each get what they would get
+alone (:func:`qkv.generate.generate` with the same options); a row without controls keeps no
+history and pays nothing for them. Decoder-only models whose attention the paged cache
+expresses: rotary, learned or no positions; no ALiBi, relative biases, sliding windows or
+soft-capping.
 
 Shapes: ``B`` running requests, ``V`` vocabulary.
 """
@@ -28,7 +34,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from qkv.generate.engine import Request, SamplingParams, check_prompt
+from qkv.generate.args import ParamError
+from qkv.generate.controls import checked_controls
+from qkv.generate.engine import Request, SamplingParams, ShuttingDownError, check_prompt
 from qkv.generate.sampling import Sampler
 from qkv.nn.paged_cache import PagedKVCache
 
@@ -44,6 +52,8 @@ class _Running:
     length: int = 0  # positions cached
     last: int = -1  # the token to feed next
     chooser: object = field(default=None, repr=False)
+    # (1, P + max_new_tokens): prompt then output, for the controls; None without them
+    history: torch.Tensor | None = field(default=None, repr=False)
 
 
 def _check_model(model: nn.Module) -> None:
@@ -82,7 +92,8 @@ class BatchingEngine:
         self.cache = PagedKVCache(c.num_layers, num_blocks=blocks, block_size=block_size,
                                   kv_heads=c.num_kv_heads or c.num_heads, head_dim=c.head_dim,
                                   dtype=weight.dtype, device=weight.device)  # fmt: skip
-        self.limit = getattr(model, "position_limit", None)  # learned positions: a hard limit
+        # The context a request must fit: a learned position table, else the config's max_len.
+        self.limit = getattr(model, "position_limit", None) or getattr(c, "max_len", None)
         self.waiting: deque[Request] = deque()
         self.running: list[_Running] = []
         self._wake = threading.Condition()
@@ -103,22 +114,27 @@ class BatchingEngine:
         """Queue a request; its tokens come from ``request.tokens()``.
 
         Raises:
-            ValueError: a bad prompt, a request longer than the model's positions or than the
-                whole block pool, an engine shutting down.
+            ParamError: (a ``ValueError`` whose ``param`` names the option) a bad prompt,
+                controls the model cannot meet (a bad word outside the vocabulary, forced EOS
+                without an EOS id), a request longer than the model's context (its learned
+                positions, else its ``max_len``) or than the whole block pool.
+            ShuttingDownError: (a ``ValueError``) an engine shutting down.
         """
         params = params or SamplingParams()
         ids = check_prompt(prompt, self.model.config.vocab_size)
-        total = len(ids) + params.max_new_tokens
+        checked_controls(params.controls, self.model.config.vocab_size, self.eos_id)
+        n, total = params.max_new_tokens, len(ids) + params.max_new_tokens
         if self.limit is not None and total > self.limit:
-            raise ValueError(f"a prompt of {len(ids)} tokens + max_new_tokens="
-                             f"{params.max_new_tokens} exceeds the model's {self.limit} positions")
+            raise ParamError("max_new_tokens", f"={n} exceeds the model's {self.limit} "
+                             "positions", f"a prompt of {len(ids)} tokens + ")  # fmt: skip
         if self.cache.blocks_for(total) > self.cache.num_blocks:
-            raise ValueError(f"a request of {total} positions needs more than the whole block "
-                             f"pool ({self.cache.num_blocks} x {self.cache.block_size})")
+            raise ParamError("max_new_tokens", f"={n}) needs more than the whole block pool "
+                             f"({self.cache.num_blocks} x {self.cache.block_size})",
+                             f"a request of {total} positions (a prompt of {len(ids)} tokens + ")
         request = Request(ids, params)
         with self._wake:
             if self._stop:
-                raise ValueError("the engine is shutting down; no new requests")
+                raise ShuttingDownError("the engine is shutting down; no new requests")
             self.waiting.append(request)
             self._wake.notify()
         return request
@@ -169,8 +185,10 @@ class BatchingEngine:
                 if need > len(self.cache.free):
                     return  # waits for blocks to come back
                 self.waiting.popleft()
-            run = _Running(request, self.cache.allocate(need), chooser=_chooser(request.params))
+            run = _Running(request, self.cache.allocate(need))
             try:
+                device = self.cache.layers[0].k_pool.device
+                run.chooser, run.history = _chooser(request.params), _history(request, device)
                 self._prefill(run)
             except Exception as err:  # the failed request ends; the others go on
                 request.finish("error", err)
@@ -204,13 +222,21 @@ class BatchingEngine:
 
     def _take(self, run: _Running, logits: torch.Tensor) -> bool:
         """Choose ``run``'s next token from ``logits (V,)``; False when the request ended."""
-        token = int(run.chooser(logits[None])[0])
-        p = run.request.params
+        p, new = run.request.params, len(run.request.output)
+        logits = logits[None]  # (1, V)
+        if run.history is not None:  # the request's own controls, on its own tokens so far
+            seen = run.history[:, : len(run.request.prompt) + new]  # (1, P + new)
+            last = new == p.max_new_tokens - 1
+            logits = p.controls.apply(logits, seen, new=new, last_step=last,
+                                      eos_id=self.eos_id)  # (1, V)  # fmt: skip
+        token = int(run.chooser(logits)[0])
         if token == self.eos_id or token in p.stop_ids:
             self._end(run, "stop")
             return False
         run.request.emit(token)
         run.last = token
+        if run.history is not None:
+            run.history[0, len(run.request.prompt) + new] = token
         if len(run.request.output) >= p.max_new_tokens:
             self._end(run, "length")
             return False
@@ -224,7 +250,19 @@ class BatchingEngine:
 
 
 def _chooser(p: SamplingParams):
-    """Greedy, or the request's own seeded sampler."""
+    """Greedy, or the request's own seeded sampler (its min-p included)."""
     if p.temperature == 0:
         return lambda logits: logits.argmax(-1)
-    return Sampler(1, seed=p.seed, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p)
+    return Sampler(1, seed=p.seed, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+                   min_p=p.controls.min_p)  # fmt: skip
+
+
+def _history(request: Request, device: torch.device) -> torch.Tensor | None:
+    """``(1, P + max_new_tokens)`` long on ``device`` (the logits'): the prompt, then room for
+    the output, for controls that read the row's tokens; None when nothing edits the logits."""
+    p = request.params
+    if not p.edits_logits:
+        return None
+    history = torch.zeros((1, len(request.prompt) + p.max_new_tokens), dtype=torch.long)
+    history[0, : len(request.prompt)] = torch.tensor(request.prompt)
+    return history.to(device)

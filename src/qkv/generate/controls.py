@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from qkv.checks import is_int, is_number
+from qkv.generate.args import ParamError
 from qkv.generate.session import DecoderSession, MemorySession, Seq2SeqSession
 
 __all__ = ["NO_TOKEN", "GenerationControls", "check_min_p", "checked_controls", "prompt_ids"]
@@ -33,9 +34,10 @@ NO_TOKEN = -1  # left padding of a history: never a token id, so never "present"
 
 
 def check_min_p(min_p: object) -> None:
-    """Raises ``ValueError`` unless ``min_p`` is None or a number in ``[0, 1]``."""
+    """Raises :class:`~qkv.generate.args.ParamError` (a ``ValueError``) unless ``min_p`` is
+    None or a number in ``[0, 1]``."""
     if min_p is not None and (not is_number(min_p) or not 0.0 <= min_p <= 1.0):
-        raise ValueError(f"min_p must be None or a number in [0, 1], got {min_p!r}")
+        raise ParamError("min_p", f" must be None or a number in [0, 1], got {min_p!r}")
 
 
 def _words(value: object) -> tuple[tuple[int, ...], ...]:
@@ -44,8 +46,8 @@ def _words(value: object) -> tuple[tuple[int, ...], ...]:
     words = () if bad else tuple(value)  # type: ignore[arg-type]
     if bad or any(isinstance(w, str | bytes | Tensor) or not isinstance(w, Sequence) or not w
                   or any(not is_int(t) or t < 0 for t in w) for w in words):  # fmt: skip
-        raise ValueError(f"bad_words_ids must be a sequence of non-empty sequences of token ids "
-                         f">= 0, got {value!r:.80}")  # fmt: skip
+        raise ParamError("bad_words_ids", f" must be a sequence of non-empty sequences of "
+                         f"token ids >= 0, got {value!r:.80}")  # fmt: skip
     return tuple(tuple(int(t) for t in w) for w in words)
 
 
@@ -70,7 +72,7 @@ class GenerationControls:
             ends with it.
 
     Raises:
-        ValueError: a field outside its range, naming the field.
+        ParamError: (a ``ValueError``) a field outside its range; ``err.param`` names it.
     """
 
     repetition_penalty: float = 1.0
@@ -83,16 +85,16 @@ class GenerationControls:
     def __post_init__(self) -> None:
         p = self.repetition_penalty
         if not is_number(p) or not p > 0:
-            raise ValueError(f"repetition_penalty must be a finite number > 0 (1.0 = off), "
+            raise ParamError("repetition_penalty", f" must be a finite number > 0 (1.0 = off), "
                              f"got {p!r}")  # fmt: skip
         for name in ("no_repeat_ngram_size", "min_new_tokens"):
             value = getattr(self, name)
             if not is_int(value) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0 (0 = off), got {value!r}")
+                raise ParamError(name, f" must be an int >= 0 (0 = off), got {value!r}")
         object.__setattr__(self, "bad_words_ids", _words(self.bad_words_ids))
         check_min_p(self.min_p)
         if not isinstance(self.forced_eos, bool):
-            raise ValueError(f"forced_eos must be a bool, got {self.forced_eos!r}")
+            raise ParamError("forced_eos", f" must be a bool, got {self.forced_eos!r}")
 
     @property
     def edits_logits(self) -> bool:
@@ -191,7 +193,8 @@ def checked_controls(controls: object, vocab: int | None,
 
     Raises:
         TypeError: ``controls`` neither None nor a :class:`GenerationControls`.
-        ValueError: a bad word outside the vocabulary, ``forced_eos`` without an EOS id.
+        ParamError: (a ``ValueError``) a bad word outside the vocabulary, ``forced_eos``
+            without an EOS id.
     """
     if controls is None:
         return None
@@ -200,10 +203,11 @@ def checked_controls(controls: object, vocab: int | None,
                         f"{type(controls).__name__}")  # fmt: skip
     outside = [t for w in controls.bad_words_ids for t in w if vocab is not None and t >= vocab]
     if outside:
-        raise ValueError(f"bad_words_ids must hold tokens of the model's vocabulary "
+        raise ParamError("bad_words_ids", f" must hold tokens of the model's vocabulary "
                          f"[0, {vocab}), got {outside[0]}")  # fmt: skip
     if controls.forced_eos and eos_id is None:
-        raise ValueError("forced_eos=True needs an eos_id (none given, none in model.config)")
+        raise ParamError("forced_eos", "=True needs an eos_id (none given, none in "
+                         "model.config)")  # fmt: skip
     return controls
 
 

@@ -18,25 +18,44 @@ import queue
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from qkv.checks import is_int, positive_int
-from qkv.generate.args import check_sampling
+from qkv.checks import is_int
+from qkv.generate.args import SEED_RANGE, ParamError, check_sampling, check_stops, positive_param
+from qkv.generate.controls import GenerationControls
 
-__all__ = ["Request", "SamplingParams"]
+__all__ = ["Request", "SamplingParams", "ShuttingDownError", "decoding_params"]
 
 _DONE = object()  # the end of a request's token stream
+_OFF = GenerationControls()  # no controls: nothing edits the logits
+
+
+class ShuttingDownError(ValueError):
+    """A request submitted to an engine that is shutting down."""
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one request is decoded.
+    """How one request is decoded: the one record every way in builds
+    (:func:`decoding_params`) and every decoder reads.
 
     Attributes:
         max_new_tokens: the most tokens generated.
-        temperature: 0 greedy, else sampled (with ``top_k`` / ``top_p``).
+        temperature: 0 greedy, else sampled (with ``top_k`` / ``top_p`` / ``controls.min_p``).
         top_k, top_p: sampling filters (None: off).
         seed: the request's own generator seed (None: drawn).
-        stop_ids: token ids that end the request (besides the model's EOS).
+        stop_ids: token ids that end the request besides the model's EOS (the batching
+            engine's; :func:`qkv.generate.generate` stops at EOS only).
+        stop: stop strings, matched on the decoded text by whoever decodes it
+            (:class:`qkv.pretrained.stop_text.TextStream`: a bundle's ``generate`` /
+            ``stream``, ``qkv serve``); the engine, which sees ids only, does not read them.
+        controls: a :class:`~qkv.generate.controls.GenerationControls` (repetition penalty,
+            no-repeat n-grams, bad words, minimum length, min-p, forced EOS), applied to each
+            step's ``(V,)`` logits from the request's own tokens (prompt + output); None or
+            the default: off, and nothing is paid for them.
+
+    Raises:
+        ParamError: (a ``ValueError``) a field out of range; ``err.param`` names it.
     """
 
     max_new_tokens: int = 128
@@ -45,14 +64,89 @@ class SamplingParams:
     top_p: float | None = None
     seed: int | None = None
     stop_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    controls: GenerationControls = _OFF
 
     def __post_init__(self) -> None:
-        positive_int("max_new_tokens", self.max_new_tokens)
+        positive_param("max_new_tokens", self.max_new_tokens)
         check_sampling(self.temperature, self.top_k, self.top_p)
+        low, high = SEED_RANGE
         if self.seed is not None and not is_int(self.seed):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
-        if not all(is_int(t) and t >= 0 for t in self.stop_ids):
-            raise ValueError(f"stop_ids must be token ids, got {self.stop_ids!r:.80}")
+            raise ParamError("seed", f" must be an int or None, got {self.seed!r:.80}")
+        if self.seed is not None and not low <= self.seed <= high:
+            raise ParamError("seed", f" must lie in [-2**63, 2**64 - 1], got {self.seed}")
+        ids = self.stop_ids
+        if isinstance(ids, str | bytes) or not isinstance(ids, Sequence) or not all(
+                is_int(t) and t >= 0 for t in ids):  # fmt: skip
+            raise ParamError("stop_ids", f" must be token ids, got {ids!r:.80}")
+        object.__setattr__(self, "stop_ids", tuple(ids))
+        object.__setattr__(self, "stop", check_stops(self.stop))
+        controls = _OFF if self.controls is None else self.controls
+        if not isinstance(controls, GenerationControls):
+            raise ParamError("controls", f" must be a GenerationControls or None, got "
+                             f"{type(controls).__name__}")  # fmt: skip
+        object.__setattr__(self, "controls", controls)
+
+    @property
+    def edits_logits(self) -> bool:
+        """Whether the controls change a step's logits (min-p acts in the sampler)."""
+        return self.controls.edits_logits
+
+    def keywords(self) -> dict[str, Any]:
+        """The record as the decoding keywords of :func:`qkv.generate.generate` /
+        :func:`~qkv.generate.stream` and a bundle's ``generate`` / ``stream``:
+        ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``seed``, then ``controls``
+        and ``stop`` only when set (stop strings are for the text layer: the token-level
+        methods take none).
+
+        Raises:
+            ParamError: ``stop_ids`` given (only the batching engine reads them).
+        """
+        if self.stop_ids:
+            raise ParamError("stop_ids", f" are read by the batching engine only; qkv.generate's "
+                             f"methods stop at eos_id, got {self.stop_ids!r:.80}")  # fmt: skip
+        out: dict[str, Any] = dict(max_new_tokens=self.max_new_tokens,
+                                   temperature=self.temperature, top_k=self.top_k,
+                                   top_p=self.top_p, seed=self.seed)  # fmt: skip
+        if self.controls != _OFF:
+            out["controls"] = self.controls
+        if self.stop:
+            out["stop"] = list(self.stop)
+        return out
+
+
+def decoding_params(
+    max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int | None = None,
+    top_p: float | None = None, seed: int | None = None, stop: str | Sequence[str] | None = (),
+    stop_ids: Sequence[int] = (), controls: GenerationControls | None = None,
+    **fields: Any,
+) -> SamplingParams:  # fmt: skip
+    """The :class:`SamplingParams` of these options: the one way a command, the server and
+    the Python API turn what they were given into the record.
+
+    Args:
+        max_new_tokens, temperature, top_k, top_p, seed, stop_ids: as :class:`SamplingParams`.
+        stop: a stop string, several, or None / ``()``: none.
+        controls: a :class:`~qkv.generate.controls.GenerationControls`, or None.
+        **fields: the controls' fields one by one instead (``repetition_penalty=1.3``,
+            ``min_p=0.05``, ...); None = not given, the field's default.
+
+    Raises:
+        ParamError: a value out of range (``err.param`` names it); ``controls`` together with
+            control fields.
+        TypeError: a keyword that is no control field.
+    """
+    given = {k: v for k, v in fields.items() if v is not None}
+    unknown = sorted(set(given) - set(GenerationControls.__dataclass_fields__))
+    if unknown:
+        raise TypeError(f"decoding_params() got unknown options {unknown}; the control fields "
+                        f"are {sorted(GenerationControls.__dataclass_fields__)}")  # fmt: skip
+    if given and controls is not None:
+        raise ParamError("controls", f" or its fields one by one ({sorted(given)}): give one")
+    if given:
+        controls = GenerationControls(**given)
+    return SamplingParams(max_new_tokens, temperature, top_k, top_p, seed, tuple(stop_ids),
+                          () if stop is None else stop, controls)  # fmt: skip
 
 
 _ids = itertools.count()
@@ -122,10 +216,10 @@ def check_prompt(prompt: Sequence[int], vocab: int | None) -> list[int]:
     """``prompt`` as a non-empty list of ids in ``[0, vocab)``.
 
     Raises:
-        ValueError: empty, not ints, or out of the vocabulary.
+        ParamError: empty, not ints, or out of the vocabulary.
     """
     ids = list(prompt)
     if not ids or not all(is_int(t) and 0 <= t < (vocab or 2**62) for t in ids):
-        raise ValueError(f"prompt must be a non-empty list of token ids in [0, {vocab}), got "
-                         f"{ids!r:.80}")  # fmt: skip
+        raise ParamError("prompt", f" must be a non-empty list of token ids in [0, {vocab}), "
+                         f"got {ids!r:.80}")  # fmt: skip
     return ids

@@ -89,7 +89,7 @@ def plot_time_alignment(
         duration: the audio's length in seconds; frames after it (padding) are cut off.
         title: the figure's title.
         words: ``(text, start, end)`` seconds of timed words (e.g. a transcript's
-            :class:`~qkv.pretrained.transcript.Word` s), marked as bands with their text
+            :class:`~qkv.pretrained.whisper.transcript.Word` s), marked as bands with their text
             along the top axis.
 
     Returns:

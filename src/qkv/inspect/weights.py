@@ -29,7 +29,7 @@ from torch import Tensor
 from qkv.attention.backends import flash
 from qkv.attention.call import AttentionCall
 from qkv.attention.flex import flex_attention
-from qkv.attention.flex_blocks import DEFAULT_BLOCK, BlockMask
+from qkv.attention.flex.blocks import DEFAULT_BLOCK, BlockMask
 from qkv.attention.weights import rebuild
 from qkv.nn.hooks import AttentionInputs
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from qkv.attention.flex_blocks import BlockMask, create_block_mask
+from qkv.attention.flex.blocks import BlockMask, create_block_mask
 from qkv.attention.mods import document_mask
 from qkv.checks import checked_before, values_unknown
 from qkv.nn.cache import KVCache

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.attention import masks
-from qkv.attention.flex_blocks import BlockMask
+from qkv.attention.flex.blocks import BlockMask
 from qkv.attention.score_mods import soft_cap
 from qkv.checks import positive_int, values_unknown
 from qkv.nn.alibi import alibi_bias, alibi_slopes
@@ -224,7 +224,7 @@ class Attention(AttentionCore):
             need_weights: also return the attention weights.
             score_mod: ``(score, b, h, q_idx, kv_idx) -> score`` on the scaled scores
                 (:func:`qkv.flex_attention`), or None. ALiBi and ``mask`` apply after it.
-            block_mask: a :class:`~qkv.attention.flex_blocks.BlockMask` for ``(T, S)``
+            block_mask: a :class:`~qkv.attention.flex.blocks.BlockMask` for ``(T, S)``
                 (:func:`qkv.create_block_mask` with ``B`` and ``H`` None, 1 or this call's),
                 or None; ``is_causal`` is AND-ed into it. With ``score_mod`` or
                 ``block_mask`` the call runs :func:`qkv.flex_attention` (dense when attention

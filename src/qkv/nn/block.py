@@ -39,7 +39,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-from qkv.attention.flex_blocks import BlockMask
+from qkv.attention.flex.blocks import BlockMask
 from qkv.nn.attention import Attention
 from qkv.nn.cache import LayerKVCache
 from qkv.nn.dropout import Dropout

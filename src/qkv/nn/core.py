@@ -49,10 +49,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from qkv.attention import dropout, flex_triton
+from qkv.attention import dropout
 from qkv.attention.backends import math as math_backend
 from qkv.attention.flex import flex_attention
-from qkv.attention.flex_blocks import BlockMask, index_grid, tile_keep
+from qkv.attention.flex import triton_path as flex_triton
+from qkv.attention.flex.blocks import BlockMask, index_grid, tile_keep
 from qkv.attention.masks import accumulation_dtype
 from qkv.attention.sdpa import run_call
 from qkv.checks import values_unknown

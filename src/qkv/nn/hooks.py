@@ -44,7 +44,7 @@ from torch.nn.modules import module as _module
 from torch.utils.hooks import RemovableHandle
 
 from qkv.attention.call import AttentionCall, causal_shift, make_call
-from qkv.attention.flex_blocks import (
+from qkv.attention.flex.blocks import (
     DEFAULT_BLOCK,
     EMPTY,
     FULL,
@@ -119,7 +119,7 @@ class AttentionInputs:
         scale: factor on ``q·k`` (None: ``1/sqrt(D)``).
         score_mod: ``(score, b, h, q_idx, kv_idx) -> score`` of :func:`qkv.flex_attention`,
             or None.
-        block_mask: a :class:`~qkv.attention.flex_blocks.BlockMask` for ``(T, S)``, or None.
+        block_mask: a :class:`~qkv.attention.flex.blocks.BlockMask` for ``(T, S)``, or None.
         window: None or a sliding causal window ``w`` (with ``is_causal``): query ``i`` sees
             keys ``j`` with ``i + c - w < j <= i + c``, ``c`` the causal shift (``S - T``
             bottom-right), i.e. itself and the ``w - 1`` keys before it.

@@ -15,7 +15,7 @@ through qkv's attention core, merging the chunks by log-sum-exp (flash-decoding 
 sequence's whole cache is gathered at once). Each query sees its sequence's positions up to
 its own (causal), so a prompt (``T > 1``) and decoding steps (``T = 1``) use the same path.
 On a GPU one Triton kernel does the same reading each page in place
-(:mod:`qkv.attention.triton_paged`; ``kernel=``).
+(:mod:`qkv.attention.triton.paged`; ``kernel=``).
 
 Shapes: ``B`` sequences in the batch, ``T`` new tokens each, ``H`` / ``Hkv`` heads, ``D``
 head width, ``N`` blocks, ``b`` block size.
@@ -79,7 +79,7 @@ class PagedLayer(LayerKVCache):
         self.k_pool[block, :, pos % o.block_size] = k.transpose(1, 2)  # (B, T, Hkv, D)
         self.v_pool[block, :, pos % o.block_size] = v.transpose(1, 2)
         if o.fused(q):  # on a GPU: one Triton kernel reads the pages in place
-            from qkv.attention.triton_launch import paged_forward
+            from qkv.attention.triton.launch import paged_forward
 
             scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
             return paged_forward(q, self.k_pool, self.v_pool, o.tables, pos, scale)
@@ -121,7 +121,7 @@ class PagedKVCache(KVCache):
         kv_heads, head_dim: ``Hkv`` and ``D`` of the model's keys and values.
         dtype, device: of the pools.
         kernel: how attention reads the pages: ``"auto"`` (the Triton kernel of
-            :mod:`qkv.attention.triton_paged` on CUDA tensors when triton is installed and no
+            :mod:`qkv.attention.triton.paged` on CUDA tensors when triton is installed and no
             gradient is wanted, reading each page in place; else ``"chunks"``), ``"triton"``
             (that kernel; on CPU tensors only under ``TRITON_INTERPRET=1``) or ``"chunks"``
             (gather 32 blocks at a time and attend through qkv's attention core).
@@ -156,7 +156,7 @@ class PagedKVCache(KVCache):
         """Whether attention over ``q (B, H, T, D)`` runs on the Triton kernel (``kernel``)."""
         if self.kernel == "chunks" or (self.kernel == "auto" and q.device.type != "cuda"):
             return False  # (the CPU's every call decides here, at once)
-        from qkv.attention.triton_env import installed, interpreting
+        from qkv.attention.triton import installed, interpreting
 
         grad = torch.is_grad_enabled() and q.requires_grad
         usable = (installed() and not grad and q.dtype in _FUSED_DTYPES

@@ -28,10 +28,10 @@ a missing one :class:`MissingFileError` (also a ``FileNotFoundError``).
 
 Module map: :mod:`~qkv.pretrained.registry` (``load``, packaged names),
 :mod:`~qkv.pretrained.bundle` (what ``load`` returns), :mod:`~qkv.pretrained.tokenizer` and
-:mod:`~qkv.pretrained.tokenizer_gguf` (tokenizers), :mod:`~qkv.pretrained.chat` (chat
-templates), converters :mod:`~qkv.pretrained.hf_bert`, :mod:`~qkv.pretrained.hf_gpt2`,
-:mod:`~qkv.pretrained.hf_llama`, :mod:`~qkv.pretrained.gguf_llama` over
-:mod:`~qkv.pretrained.gguf_reader` and :mod:`~qkv.pretrained.weights` (strict name maps);
+:mod:`~qkv.pretrained.gguf.tokenizer` (tokenizers), :mod:`~qkv.pretrained.chat` (chat
+templates), converters :mod:`~qkv.pretrained.hf.bert`, :mod:`~qkv.pretrained.hf.gpt2`,
+:mod:`~qkv.pretrained.hf.llama`, :mod:`~qkv.pretrained.gguf.llama` over
+:mod:`~qkv.pretrained.gguf.reader` and :mod:`~qkv.pretrained.weights` (strict name maps);
 :mod:`~qkv.pretrained.save_hf` writes GPT-2-, Llama- and BERT-style models back as Hugging
 Face folders (the same name maps, reversed).
 """
@@ -47,11 +47,11 @@ from torch import Tensor
 from qkv.data.files import BadFileError, MissingFileError
 from qkv.pretrained.bundle import DecoderBundle, EncoderBundle, cosine_table
 from qkv.pretrained.chat_data import chat_document, chat_documents, text_documents
+from qkv.pretrained.hf.save import save_hf
 from qkv.pretrained.registry import PACKAGED, known_names, load, locate
-from qkv.pretrained.save_hf import save_hf
 from qkv.pretrained.seq2seq_bundle import Seq2SeqBundle
 from qkv.pretrained.tokenizer import PretrainedTokenizer
-from qkv.pretrained.whisper import SpeechBundle
+from qkv.pretrained.whisper.model import SpeechBundle
 
 __all__ = [
     "PACKAGED",

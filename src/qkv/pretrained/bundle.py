@@ -22,11 +22,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from qkv.checks import positive_int
+from qkv.generate.engine import SamplingParams, decoding_params
 from qkv.generate.session import model_device
 from qkv.models import DecoderLM, Encoder
-from qkv.pretrained.stop_text import TextStream, check_stops
+from qkv.pretrained.stop_text import TextStream
 
 __all__ = ["DecoderBundle", "EncoderBundle", "cosine_table"]
+
+# The decoding keywords' defaults (DecoderBundle.generate): given with params=, refused.
+_DEFAULTS = dict(temperature=0.0, top_k=None, top_p=None, seed=None, controls=None, stop=())
 
 
 def cosine_table(embeddings: Tensor) -> Tensor:
@@ -194,31 +198,53 @@ class DecoderBundle:
             raise ValueError("the prompt is empty: give at least one token of text")
         return ids
 
-    def _options(self, max_new_tokens: int, temperature: float, top_k: int | None,
-                 top_p: float | None, seed: int | None, compile: bool = False,
-                 controls: Any = None) -> dict[str, Any]:  # fmt: skip
-        return dict(max_new_tokens=positive_int("max_new_tokens", max_new_tokens),
-                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                    eos_id=self.eos_id, compile=compile, controls=controls)  # fmt: skip
+    def _record(self, params: SamplingParams | None, max_new_tokens: int,
+                **options: Any) -> SamplingParams:  # fmt: skip
+        """``params``, or the record of the decoding keywords (:func:`decoding_params`).
+
+        Raises:
+            TypeError: ``params`` not a :class:`SamplingParams`.
+            ValueError: ``params`` together with decoding keywords; bad options.
+        """
+        if params is None:
+            return decoding_params(max_new_tokens, **options)
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams or None, got "
+                            f"{type(params).__name__}")  # fmt: skip
+        given = [k for k, v in options.items() if v != _DEFAULTS[k]]
+        given += ["max_new_tokens"] if max_new_tokens != 128 else []
+        if given:
+            raise ValueError(f"params holds every decoding option; got {given} as well: pass "
+                             "them in params (dataclasses.replace) or drop params")  # fmt: skip
+        return params
+
+    def _search(self, params: SamplingParams, compile: bool) -> dict[str, Any]:
+        """The keyword arguments of :func:`qkv.generate.generate` / ``stream`` for ``params``
+        (its stop strings are this bundle's to apply, on the text)."""
+        options = {k: v for k, v in params.keywords().items() if k != "stop"}
+        return dict(options, eos_id=self.eos_id, compile=compile)
 
     def generate_ids(self, prompt_or_messages: object, max_new_tokens: int = 128, *,
                      temperature: float = 0.0, top_k: int | None = None,
                      top_p: float | None = None, seed: int | None = None,
                      compile: bool = False, chat: bool | None = None,
-                     controls: Any = None) -> list[int]:  # fmt: skip
-        """The new token ids (EOS not included); arguments as :meth:`generate`."""
+                     controls: Any = None, params: SamplingParams | None = None) -> list[int]:
+        """The new token ids (EOS not included); arguments as :meth:`generate` (stop strings,
+        which act on the text, are not read here)."""
         from qkv.generate import generate, strip
 
+        record = self._record(params, max_new_tokens, temperature=temperature, top_k=top_k,
+                              top_p=top_p, seed=seed, controls=controls)  # fmt: skip
         ids = self.prompt_ids(prompt_or_messages, chat)
-        out = generate(self.model, [ids], **self._options(
-            max_new_tokens, temperature, top_k, top_p, seed, compile, controls))  # (1, L)
+        out = generate(self.model, [ids], **self._search(record, compile))  # (1, L)
         return strip(out, self.eos_id)[0]
 
     def generate(self, prompt_or_messages: object, max_new_tokens: int = 128, *,
                  temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None,
                  compile: bool = False, chat: bool | None = None, controls: Any = None,
-                 stop: str | Sequence[str] = ()) -> str:  # fmt: skip
+                 stop: str | Sequence[str] = (),
+                 params: SamplingParams | None = None) -> str:  # fmt: skip
         """Continue a prompt, or answer a chat, and return the new text.
 
         Args:
@@ -237,20 +263,24 @@ class DecoderBundle:
                 n-gram and bad-word bans, min-p, minimum and forced lengths), or None.
             stop: stop strings: the text ends before the first one it contains, matched on
                 the decoded text (:mod:`qkv.pretrained.stop_text`).
+            params: a :class:`~qkv.generate.engine.SamplingParams` holding all of
+                ``max_new_tokens`` .. ``stop`` instead (what ``qkv generate`` and ``qkv chat``
+                build with :func:`~qkv.generate.engine.decoding_params`); None = the keywords'.
 
         Returns:
             The generated text, special tokens removed.
 
         Raises:
-            TypeError / ValueError: as :meth:`prompt_ids`, and bad sampling options.
+            TypeError / ValueError: as :meth:`prompt_ids`, bad sampling options (a
+                :class:`~qkv.generate.args.ParamError` naming the option), ``params``
+                together with the decoding keywords.
         """
-        if stop:
-            return "".join(self.stream(prompt_or_messages, max_new_tokens, temperature=temperature,
-                                       top_k=top_k, top_p=top_p, seed=seed, compile=compile,
-                                       chat=chat, controls=controls, stop=stop))  # fmt: skip
-        ids = self.generate_ids(prompt_or_messages, max_new_tokens, temperature=temperature,
-                                top_k=top_k, top_p=top_p, seed=seed, compile=compile,
-                                chat=chat, controls=controls)  # fmt: skip
+        record = self._record(params, max_new_tokens, temperature=temperature, top_k=top_k,
+                              top_p=top_p, seed=seed, controls=controls, stop=stop)  # fmt: skip
+        if record.stop:
+            return "".join(self.stream(prompt_or_messages, compile=compile, chat=chat,
+                                       params=record))  # fmt: skip
+        ids = self.generate_ids(prompt_or_messages, compile=compile, chat=chat, params=record)
         if self.tokenizer is None:
             raise TypeError(f"{self.name} has no tokenizer; use generate_ids")
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -260,7 +290,8 @@ class DecoderBundle:
                top_p: float | None = None, seed: int | None = None,
                compile: bool = False, counter: list[int] | None = None,
                chat: bool | None = None, controls: Any = None,
-               stop: str | Sequence[str] = ()) -> Iterator[str]:  # fmt: skip
+               stop: str | Sequence[str] = (),
+               params: SamplingParams | None = None) -> Iterator[str]:  # fmt: skip
         """Like :meth:`generate`, yielding text pieces as soon as they are decodable.
 
         A piece is held back while it ends inside a multi-byte character (a byte-level token
@@ -273,12 +304,12 @@ class DecoderBundle:
 
         if self.tokenizer is None:
             raise TypeError(f"{self.name} has no tokenizer; use generate_ids")
+        record = self._record(params, max_new_tokens, temperature=temperature, top_k=top_k,
+                              top_p=top_p, seed=seed, controls=controls, stop=stop)  # fmt: skip
         text = TextStream(lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
-                          check_stops(stop) if stop else ())
+                          record.stop)  # fmt: skip
         ids = self.prompt_ids(prompt_or_messages, chat)
-        options = self._options(max_new_tokens, temperature, top_k, top_p, seed, compile,
-                                controls)  # fmt: skip
-        for token in stream(self.model, ids, **options):
+        for token in stream(self.model, ids, **self._search(record, compile)):
             if counter is not None:
                 counter.append(token)
             piece = text.push(token)

@@ -37,7 +37,7 @@ from qkv.data.files import BadFileError, MissingFileError
 from qkv.nn.quantized import MODES, quantize_
 from qkv.pretrained.bundle import DecoderBundle, EncoderBundle
 from qkv.pretrained.errors import INSTALL
-from qkv.pretrained.whisper import SpeechBundle
+from qkv.pretrained.whisper.model import SpeechBundle
 
 __all__ = ["PACKAGED", "Packaged", "known_names", "load", "locate"]
 
@@ -130,7 +130,7 @@ def locate(name: str) -> Path:
 
 
 def _load_gguf(path: Path, name: str) -> DecoderBundle:
-    from qkv.pretrained.gguf_llama import load_gguf_llama
+    from qkv.pretrained.gguf.llama import load_gguf_llama
 
     model, tokenizer, gguf = load_gguf_llama(path)
     source = {"format": "gguf", "path": str(path), "model_name": gguf.get("general.name")}
@@ -150,7 +150,7 @@ def _load_path(path: Path, name: str) -> Bundle:
         raise BadFileError(f"{path} is neither a file nor a folder; expected a .gguf file or "
                            "a model folder", path=path)  # fmt: skip
     if (path / "model.bin").is_file():
-        from qkv.pretrained.whisper import load_whisper_bundle
+        from qkv.pretrained.whisper.model import load_whisper_bundle
 
         return load_whisper_bundle(path, name)
     if (path / "config.json").is_file():
@@ -158,7 +158,7 @@ def _load_path(path: Path, name: str) -> Bundle:
             from qkv.pretrained.qkv_checkpoint import load_qkv_checkpoint
 
             return load_qkv_checkpoint(path, name=name)
-        from qkv.pretrained.hf_folder import load_hf_folder
+        from qkv.pretrained.hf.folder import load_hf_folder
 
         return load_hf_folder(path, name=name)
     ggufs = sorted(path.glob("*.gguf"))
@@ -199,7 +199,7 @@ def load(name_or_path: str | os.PathLike, *, quantize: str | None = None,
     Returns:
         An :class:`~qkv.pretrained.bundle.EncoderBundle` (``.encode(texts)``), a
         :class:`~qkv.pretrained.bundle.DecoderBundle` (``.generate(prompt_or_messages)``) or
-        a :class:`~qkv.pretrained.whisper.SpeechBundle` (``.transcribe(audio)``), each with
+        a :class:`~qkv.pretrained.whisper.model.SpeechBundle` (``.transcribe(audio)``), each with
         ``.model`` (float32, eval mode), ``.tokenizer`` and ``.config``.
 
     Raises:

@@ -10,26 +10,18 @@ Two things make streaming text harder than decoding each token alone:
    token reveals to be the start of a stop. At a stop the text is cut before it.
 
 :class:`TextStream` does both, on the whole decoded text each step (decoding the ids so far
-costs far less than the model's step). ``DecoderBundle.stream`` and ``qkv serve`` use it.
+costs far less than the model's step). ``DecoderBundle.stream`` and ``qkv serve`` use it, on
+the stop strings of the request's :class:`~qkv.generate.engine.SamplingParams` (checked there
+by :func:`check_stops`, re-exported here).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from qkv.generate.args import check_stops
+
 __all__ = ["TextStream", "check_stops"]
-
-
-def check_stops(stop: object) -> tuple[str, ...]:
-    """``stop`` as a tuple of non-empty strings (one string is one stop string).
-
-    Raises:
-        ValueError: not a string or a list of non-empty strings.
-    """
-    stops = (stop,) if isinstance(stop, str) else stop
-    if not isinstance(stops, Sequence) or not all(isinstance(s, str) and s for s in stops):
-        raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r:.80}")
-    return tuple(stops)
 
 
 INCOMPLETE = "\ufffd"  # what a decoder writes for bytes that are not (yet) a whole character

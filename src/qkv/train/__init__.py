@@ -18,6 +18,11 @@
   group of several ranks) :func:`fit`, :func:`train_lm` and :func:`train_seq2seq` train with
   DDP, or FSDP2 with ``TrainConfig(fsdp=True)``, and equal one process with the same seed and
   global batch; checkpoints keep one format and resume on any number of processes.
+* :func:`finetune` / :func:`resume_finetune`: fine-tune a pretrained decoder, fully or with
+  LoRA adapters (:class:`LoRAOptions`), as a :class:`FineTuneSpec` says (base model, data,
+  training settings, run folder): ``<out>/model`` (a Hugging Face folder),
+  ``adapters.safetensors``, ``finetune.json`` and resumable checkpoints; what
+  ``qkv train --from`` does (:mod:`~qkv.train.finetuning`).
 * :mod:`~qkv.train.spec` and :mod:`~qkv.train.runs`: what ``qkv train`` / ``qkv eval`` do, as
   functions: the run spec (data source, TOML tables), building the model and config, training
   and testing, reading a finished run back.
@@ -52,7 +57,10 @@ __all__ = [
     "Callback",
     "Checkpoint",
     "CheckpointError",
+    "FineTuneRun",
+    "FineTuneSpec",
     "Job",
+    "LoRAOptions",
     "LossParts",
     "MetricsLog",
     "ProgressBar",
@@ -63,6 +71,7 @@ __all__ = [
     "evaluate_lm",
     "evaluate_seq2seq",
     "exact_match",
+    "finetune",
     "fit",
     "load_checkpoint",
     "loss_curves",
@@ -72,6 +81,7 @@ __all__ = [
     "parameter_groups",
     "perplexity",
     "plot_loss_curve",
+    "resume_finetune",
     "save_checkpoint",
     "seed_everything",
     "token_accuracy",
@@ -79,3 +89,17 @@ __all__ = [
     "train_lm",
     "train_seq2seq",
 ]
+
+# Fine-tuning brings qkv.pretrained (its tokenizers and name maps): loaded when first named.
+_FINETUNE = {"FineTuneRun": "finetuning", "finetune": "finetuning", "resume_finetune": "finetuning",
+             "FineTuneSpec": "finetune_spec", "LoRAOptions": "finetune_spec"}
+
+
+def __getattr__(name: str):
+    if name in _FINETUNE:
+        import importlib
+
+        value = getattr(importlib.import_module(f"qkv.train.{_FINETUNE[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'qkv.train' has no attribute {name!r}")

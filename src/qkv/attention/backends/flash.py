@@ -47,7 +47,6 @@ from qkv.attention.masks import (
     safe_row_max,
     safe_total,
 )
-from qkv.attention.threads import fitted_threads
 
 NAME = "flash"
 
@@ -200,8 +199,7 @@ class _FlashFunction(torch.autograd.Function):
         q, k, v, out, lse, mask, alibi, keep = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        with fitted_threads():
-            dq, dk, dv = _backward(q, k, v, out, lse, dout, dlse, mask, alibi, keep, ctx.spec)
+        dq, dk, dv = _backward(q, k, v, out, lse, dout, dlse, mask, alibi, keep, ctx.spec)
         return dq, dk, dv, None, None, None, None
 
 

@@ -1,5 +1,5 @@
 """The ``triton`` backend: qkv's blockwise attention as Triton GPU kernels
-(:mod:`qkv.attention.triton_kernels`), forward and backward.
+(:mod:`qkv.attention.triton.kernels`), forward and backward.
 
 It honours what the ``flash`` backend honours, on CUDA tensors in float32, bfloat16 and
 float16: every mask part computed or read per tile (causal in both alignments, sliding windows,
@@ -31,7 +31,7 @@ from torch import Tensor
 from qkv.attention import dropout
 from qkv.attention.call import AttentionCall
 from qkv.attention.masks import dropout_keep, safe_lse
-from qkv.attention.triton_env import installed, interpreting
+from qkv.attention.triton import installed, interpreting
 from qkv.checks import values_unknown
 
 NAME = "triton"
@@ -122,11 +122,11 @@ def attend(call: AttentionCall) -> tuple[Tensor, Tensor]:
 
 
 def _launches():
-    """:mod:`qkv.attention.triton_launch`, imported at the first call (it imports triton),
+    """:mod:`qkv.attention.triton.launch`, imported at the first call (it imports triton),
     and from then on read from here (an import statement costs ~0.5 µs a call)."""
     global _LAUNCHES
     if _LAUNCHES is None:
-        from qkv.attention import triton_launch
+        from qkv.attention.triton import launch as triton_launch
 
         _LAUNCHES = triton_launch
     return _LAUNCHES
