@@ -5,8 +5,9 @@
 :class:`~qkv.attention.call.AttentionCall`; ``masks`` builds masks and defines what each mask
 part means; ``errors`` holds the exceptions (both ``ValueError``/``TypeError`` and
 ``RuntimeError``); ``additive`` holds Bahdanau and Luong scores; ``flex_attention`` and
-``create_block_mask`` (``flex.py``, ``flex_blocks.py``) run user score and mask functions on
-the blockwise kernel, with ready ones in ``mods``.
+``create_block_mask`` (the ``flex`` sub-package: its entry and ``flex.blocks``) run user score
+and mask functions on the blockwise kernel, with ready ones in ``mods``; the ``triton``
+sub-package holds the GPU kernels of the triton backend, flex and paged attention.
 """
 
 from qkv.attention import additive, masks, mods, score_mods

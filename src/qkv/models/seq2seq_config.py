@@ -5,7 +5,7 @@ Nothing here names a model family. BART is learned positions with an offset of 2
 on the embeddings, no embedding scale and GELU; Marian (Opus-MT) is sinusoidal positions in
 the ``[sin | cos]`` layout, the ``sqrt(E)`` scale and SiLU; T5 is pre-norm RMSNorm without
 biases, relative position biases, unscaled attention scores and a scaled output. The Hugging
-Face adapters (:mod:`qkv.pretrained.hf.bart`, ``hf_marian``, ``hf_t5``) only set these fields.
+Face adapters (:mod:`qkv.pretrained.hf.bart`, ``hf.marian``, ``hf.t5``) only set these fields.
 """
 
 from __future__ import annotations

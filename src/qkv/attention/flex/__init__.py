@@ -14,6 +14,11 @@ which, and why):
 * ``"tiles"``: the tile loop of PyTorch ops (:mod:`qkv.attention.flex.loop`), the CPU's fast
   path and every call the others do not serve.
 
+Also here: :mod:`~qkv.attention.flex.blocks` (block masks: which tiles a ``mask_mod`` leaves
+empty, full or partial), :mod:`~qkv.attention.flex.fused` (inference without a ``score_mod``:
+spans on torch's fused kernel), :mod:`~qkv.attention.flex.sdpa` (a ``score_mod`` / ``mask_mod``
+given to :func:`qkv.scaled_dot_product_attention`).
+
 Rows that see no key give zeros and ``lse = -inf``, as torch's do; a non-finite query row gives
 a NaN row; a ``score_mod`` that makes a score ``+inf`` or NaN is named in an error.
 

@@ -10,6 +10,15 @@ command fail with one ``error:`` line naming the stop and the check, so the tour
 
 :func:`compute_tour` (the attention-function numbers as plain data) and
 :data:`COST_LENGTHS` are re-exported from :mod:`qkv.cli.tour.basics`.
+
+Module map: this module is the command; :mod:`~qkv.cli.tour.stops` (the stops in order, how
+each runs and is checked), the stops by subject (:mod:`~qkv.cli.tour.attention`,
+:mod:`~qkv.cli.tour.modules`, :mod:`~qkv.cli.tour.masks`, :mod:`~qkv.cli.tour.positions`,
+:mod:`~qkv.cli.tour.layers`, :mod:`~qkv.cli.tour.models`, :mod:`~qkv.cli.tour.memory`),
+:mod:`~qkv.cli.tour.basics` (the attention-function numbers as plain data),
+:mod:`~qkv.cli.tour.page` (what a stop shows and checks), and its two displays,
+:mod:`~qkv.cli.tour.console` (the terminal) and :mod:`~qkv.cli.tour.html` (one
+self-contained page).
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 
 ``config.json``'s ``model_type`` picks the converter:
 
-    "bert"   -> Encoder     (hf_bert)     sentence-transformers files read when present
-    "gpt2"   -> DecoderLM   (hf_gpt2)
-    "llama"  -> DecoderLM   (hf_llama)     RoPE scaling, attention biases
+    "bert"   -> Encoder     (hf.bert)     sentence-transformers files read when present
+    "gpt2"   -> DecoderLM   (hf.gpt2)
+    "llama"  -> DecoderLM   (hf.llama)     RoPE scaling, attention biases
     "mistral", "qwen2", "qwen3", "gemma2", "phi3"
-             -> DecoderLM   (hf_decoders)  Llama plus generic options
+             -> DecoderLM   (hf.decoders)  Llama plus generic options
     "bart", "t5", "marian"
-             -> Seq2SeqTransformer (hf_seq2seq)
+             -> Seq2SeqTransformer (hf.seq2seq)
 
 The tokenizer is ``tokenizer.json`` when there is one; otherwise it is rebuilt from the older
 files (``vocab.txt`` for WordPiece; ``vocab.json`` + ``merges.txt`` for byte-level BPE); a folder

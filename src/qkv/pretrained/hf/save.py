@@ -1,4 +1,4 @@
-"""A qkv model written as a Hugging Face folder: ``hf_gpt2``, ``hf_llama``, ``hf_bert`` reversed.
+"""A qkv model written as a Hugging Face folder: ``hf.gpt2``, ``hf.llama``, ``hf.bert`` reversed.
 
     qkv.pretrained.save_hf(bundle_or_model, "out/")      # config.json, model.safetensors, ...
     AutoModelForCausalLM.from_pretrained("out/")          # same logits (transformers)

@@ -2,9 +2,9 @@
 
 ``config.json``'s ``model_type`` picks the adapter, which only maps names and options:
 
-    "bart"    -> hf_bart     learned positions (offset 2), embedding LayerNorm, GELU
-    "marian"  -> hf_marian   split sinusoidal positions, sqrt(E) embedding scale, SiLU
-    "t5"      -> hf_t5       pre-norm RMSNorm, relative position bias, no biases
+    "bart"    -> hf.bart      learned positions (offset 2), embedding LayerNorm, GELU
+    "marian"  -> hf.marian    split sinusoidal positions, sqrt(E) embedding scale, SiLU
+    "t5"      -> hf.t5        pre-norm RMSNorm, relative position bias, no biases
 
 The steps are those of every qkv loader (:mod:`qkv.checkpoint.backing`): the config is checked
 against the weights' header (sizes, then every tensor's name and shape) and the model is built
