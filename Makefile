@@ -18,7 +18,7 @@ demo: $(VENV)/.stamp-demo
 CAPABILITY = $$($(BIN)/python -c "import torch; print(torch.backends.cpu.get_cpu_capability())")
 
 test: $(VENV)/.stamp-test browser speech
-	TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-$(CAPABILITY) $(BIN)/python -m pytest -n 2 -q
+	TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-$(CAPABILITY) $(BIN)/python -m pytest -n 2 --dist worksteal -q $(PYTEST_FLAGS)
 	@$(MAKE) --no-print-directory test-avx2
 
 # The numerics-sensitive tests again on torch's AVX2 kernels, so that an AVX-512 machine also
@@ -40,7 +40,7 @@ test-avx2: $(VENV)/.stamp-test
 	  echo "again on AVX2 kernels (this CPU: $(CAPABILITY)): $(NUMERIC_TESTS), less $(INTERPRETED) $(MOVED)"; \
 	  ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
 	  TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-avx2 \
-	  $(BIN)/python -m pytest -n 2 -q -p no:cacheprovider $(NUMERIC_TESTS) \
+	  $(BIN)/python -m pytest -n 2 --dist worksteal -q -p no:cacheprovider $(PYTEST_FLAGS) $(NUMERIC_TESTS) \
 	    $(addprefix --ignore=,$(INTERPRETED) $(MOVED)); \
 	fi
 

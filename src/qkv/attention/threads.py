@@ -16,11 +16,12 @@ at most torch's setting), then restores torch's setting. The reading is taken at
 (macOS, Windows) torch's setting is used as is, as it is under ``torch.compile`` tracing and
 with ``QKV_THREADS=fixed`` in the environment (or :func:`set_policy`\\ ``("fixed")``).
 
-Only inference is fitted, and only where the bits provably do not move. A call that records
+Only inference is fitted, and only where its bits were seen not to move. A call that records
 an autograd graph (grad enabled and an input that requires grad), and every backward, keeps
 torch's setting: a training step's bits never depend on the machine's load. Inference (a call
-with no graph, a decoding step under ``no_grad``) is fitted only once this process has checked,
-by running them, that this CPU's kernels give the same bits on the fitted count and on torch's
+with no graph, a decoding step under ``no_grad``) is fitted only once this process has checked
+(at its first inference call on several threads, busy or not: about 20 ms, once), by running
+them, that this CPU's kernels give the same bits on the fitted count and on torch's
 (:func:`bits_hold`: torch's flash kernel, batched tile matmuls, a decoding step's GEMV and a
 prefill's linear layer, on both counts, compared bit for bit). BLAS libraries may split a
 reduction over their threads (MKL does on some Intel CPUs), which changes the bits with the
@@ -235,6 +236,10 @@ class fitted_threads:  # noqa: N801  (a context manager used like a function)
             return 0
         requested = torch.get_num_threads()
         if requested <= 1 or _records_graph(self.tensors):
+            return requested
+        # The check runs at the first inference call, busy or not (~20 ms once), so that
+        # when it runs never depends on the load; other counts than one are checked lazily.
+        if not bits_hold(1, requested):
             return requested
         n = threads_for(requested, _cores(), others_busy())
         if n == requested or not bits_hold(n, requested):
