@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 
 PUBLIC = ["qkv", "qkv.masks", "qkv.nn", "qkv.models", "qkv.generate", "qkv.inspect", "qkv.data",
           "qkv.train", "qkv.pretrained", "qkv.checkpoint", "qkv.distributed", "qkv.attention",
@@ -46,3 +47,23 @@ def test_qkv_masks_exports_user_names_only():
         assert callable(getattr(qkv.masks, name)), name
     kernel = importlib.import_module("qkv.attention.masks")
     assert KERNEL <= set(dir(kernel)), sorted(KERNEL - set(dir(kernel)))
+
+
+def test_moved_modules_import_under_their_old_names_with_a_warning():
+    """Issue 43 moved modules into sub-packages; every old name is the new module itself."""
+    import warnings
+
+    import qkv
+
+    for old, new in qkv.MOVED_MODULES.items():
+        sys.modules.pop(old, None)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new), (old, new)
+        assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message)
+                   for w in seen), (old, [str(w.message) for w in seen])
+    import qkv.pretrained
+
+    assert callable(qkv.pretrained.save_hf), "qkv.pretrained.save_hf is the function"
+    assert qkv.serve.make_app is importlib.import_module("qkv.serve.app").make_app

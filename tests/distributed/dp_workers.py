@@ -158,7 +158,7 @@ def scenario_fail(out: Path, rank: int, stall: float | None = None) -> dict:
 # name -> (run, timeout of its group in seconds). ``stall``: rank 1 hangs past the timeout.
 SCENARIOS = {
     "train": (scenario_train, 60.0),
-    "stall": (lambda out, rank: scenario_fail(out, rank, stall=5.0), 2.0),
+    "stall": (lambda out, rank: scenario_fail(out, rank, stall=8.0), 2.0),
     "fail": (scenario_fail, 10.0),
 }
 

@@ -164,7 +164,8 @@ def _check_failures(records: list[dict]) -> None:
     stall = [r["stall"] for r in records]
     assert stall[0]["type"] == "PeerError", stall[0]
     assert "did not answer in time" in stall[0]["message"], stall[0]
-    assert stall[0]["seconds"] < 4.5, stall[0]  # it gave up before the 5 s stall ended
+    # it gave up before the 8 s stall ended (2 s timeout; the rest is slack for a loaded machine)
+    assert stall[0]["seconds"] < 7.5, stall[0]
     assert stall[1]["type"] == "PeerError", stall[1]  # and the stalled rank found it gone
 
 
