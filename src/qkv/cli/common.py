@@ -333,33 +333,6 @@ Stop = Annotated[list[str] | None, typer.Option(
 )]
 
 
-def controls_of(repetition_penalty: float | None, no_repeat_ngram_size: int | None,
-                min_p: float | None, stop: list[str] | None) -> dict[str, Any]:
-    """The ``controls=`` / ``stop=`` options of a bundle's ``generate`` for these flags
-    (nothing when none is given).
-
-    Raises:
-        ValueError: a value the controls refuse, naming the flag.
-    """
-    from qkv.generate import GenerationControls
-
-    fields = {"repetition_penalty": repetition_penalty, "min_p": min_p,
-              "no_repeat_ngram_size": no_repeat_ngram_size}  # fmt: skip
-    given = {k: v for k, v in fields.items() if v is not None}
-    out: dict[str, Any] = {}
-    if given:
-        try:
-            out["controls"] = GenerationControls(**given)
-        except ValueError as err:
-            name = next((k for k in given if k in str(err)), next(iter(given)))
-            raise ValueError(f"--{name.replace('_', '-')}: {err}") from None
-    if stop:
-        if not all(stop):
-            raise ValueError("--stop: a stop string cannot be empty")
-        out["stop"] = list(stop)
-    return out
-
-
 def human_bytes(n: int) -> str:
     """``n`` bytes in binary units: ``1 MiB``, ``4 GiB``, ``512 KiB``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

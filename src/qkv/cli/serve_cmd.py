@@ -33,14 +33,9 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, max_batch: i
     """
     from qkv import pretrained
     from qkv.generate.batching import BatchingEngine
-    from qkv.serve.run import run
+    from qkv.serve.run import run, web_stack
 
-    try:
-        import fastapi  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as err:  # before the model loads
-        raise ImportError(f"qkv serve needs fastapi and uvicorn ({err.name!r} is missing): "
-                          "pip install 'qkv[serve]'") from None  # fmt: skip
+    web_stack()  # fastapi and uvicorn there, before the model loads
     console = Console(stderr=True, highlight=False)
     with status(console, f"loading {model} ..."):
         bundle = pretrained.load(model, device=device)

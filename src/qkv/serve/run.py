@@ -15,19 +15,20 @@ if TYPE_CHECKING:
     from qkv.generate.batching import BatchingEngine
     from qkv.pretrained.bundle import DecoderBundle
 
-__all__ = ["GRACE_S", "run"]
+__all__ = ["GRACE_S", "run", "web_stack"]
 
 GRACE_S = 60  # how long the responses in flight may take to finish after SIGTERM / Ctrl-C
 
 
-def _web_stack() -> tuple[object, object]:
-    """fastapi's app factory and uvicorn, or an ImportError saying what to install."""
+def web_stack() -> tuple[object, object]:
+    """fastapi's app factory and uvicorn, or an ImportError saying what to install (call it
+    before loading a model, to fail in one line first)."""
     try:
         import uvicorn
 
         from qkv.serve.app import make_app
     except ImportError as err:
-        raise ImportError(f"serving needs fastapi and uvicorn ({err.name!r} is missing): "
+        raise ImportError(f"qkv serve needs fastapi and uvicorn ({err.name!r} is missing): "
                           "pip install 'qkv[serve]'") from None  # fmt: skip
     return make_app, uvicorn
 
@@ -43,7 +44,7 @@ def run(bundle: DecoderBundle, engine: BatchingEngine, *, host: str = "127.0.0.1
     Raises:
         ImportError: fastapi or uvicorn missing.
     """
-    make_app, uvicorn = _web_stack()
+    make_app, uvicorn = web_stack()
     app = make_app(bundle, engine, max_tokens_limit=max_tokens_limit)
     config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=GRACE_S,
                             lifespan="on", log_level="info")  # fmt: skip
