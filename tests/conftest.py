@@ -45,6 +45,13 @@ if os.environ.get("QKV_TEST_DEVICE", "cpu") != "cpu":
     _DEFAULT_DEVICE.__enter__()
 else:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    import interpreter_speed
+
+    try:
+        interpreter_speed.install()
+    except ImportError:  # no triton: its tests say so
+        pass
 
 
 @pytest.fixture

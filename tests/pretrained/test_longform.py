@@ -34,12 +34,13 @@ def bundle():
 
 @pytest.fixture(scope="module")
 def long_clip(tmp_path_factory) -> np.ndarray:
-    """About 92 s: the five sentences three and a half times over, with 0.5-2.5 s pauses."""
+    """About 62 s (three windows): the five sentences two and a half times over, with 0.5-2.5 s
+    pauses."""
     folder = tmp_path_factory.mktemp("long")
     rng = np.random.default_rng(0)
     said = [audio.load_audio(espeak(s, folder, f"s{i}")) for i, s in enumerate(SENTENCES)]
     parts = []
-    for i in range(18):
+    for i in range(12):
         parts += [said[i % 5], np.zeros(int(16000 * rng.uniform(0.5, 2.5)), np.float32)]
     return np.concatenate(parts)
 
@@ -102,7 +103,7 @@ def test_windows_equal_transformers_long_features(long_clip):
                         padding="longest").input_features[0]  # (80, F)  # fmt: skip
     fw = FeatureWindows(lambda: iter(audio.split_windows(long_clip)))
     assert fw.frames == ref.shape[1] == long_clip.shape[0] // 160
-    for seek in (0, 1234, 6000, fw.frames - 100):
+    for seek in (0, 1234, 3500, fw.frames - 100):
         w, r = fw.window(seek), ref[:, seek : seek + 3000]
         err = float((w[:, : r.shape[1]] - r).abs().max())
         assert err <= 1e-4, f"seek {seek}: max error {err:.3g}"
@@ -125,7 +126,7 @@ def test_segments_equal_transformers_greedy(long_clip, bundle):
     """transformers' defaults: greedy, no previous text, no silence test."""
     ours = _ours(bundle.transcript(long_clip, TranscribeOptions.transformers()))
     _compare(ours, _hf_segments(long_clip))
-    assert ours[-1][1] > 60 and len(ours) >= 12, ours
+    assert ours[-1][1] > 45 and len(ours) >= 8, ours
 
 
 def test_segments_equal_transformers_with_previous_text_and_thresholds(long_clip, bundle):
@@ -143,8 +144,8 @@ def test_batches_and_one_beam_equal_one_at_a_time(long_clip, bundle):
     clips = [long_clip[: 16000 * 40], long_clip[: 16000 * 12], long_clip[16000 * 5 : 16000 * 50]]
     alone = [_ours(bundle.transcript(c, o)) for c in clips]
     assert [_ours(t) for t in bundle.transcripts(clips, o, batch_size=3)] == alone
-    assert _ours(bundle.transcript(clips[0], o, beam_size=1)) == alone[0]
-    beams = bundle.transcript(clips[0], o, beam_size=4)
+    assert _ours(bundle.transcript(clips[1], o, beam_size=1)) == alone[1]
+    beams = bundle.transcript(clips[1], o, beam_size=4)
     assert beams.segments and all(s.start <= s.end for s in beams.segments), _ours(beams)
 
 
@@ -197,7 +198,7 @@ def test_silence_is_flagged_and_skipped_without_the_logprob_rule(bundle):
     """Whisper says " you" to digital silence with a mean log-probability above -1, so
     upstream's rule (skip only when both tests agree) keeps it; every such segment carries a
     ``no_speech_prob`` above the threshold, and without the log-probability test none is kept."""
-    quiet = np.zeros(16000 * 75, dtype=np.float32)
+    quiet = np.zeros(16000 * 45, dtype=np.float32)  # two windows
     kept = bundle.transcript(quiet).segments
     assert all(s.no_speech_prob > 0.6 for s in kept), kept
     assert bundle.transcript(quiet, logprob_threshold=None).segments == ()
