@@ -1,3 +1,4 @@
+import contextlib
 import os
 import sys
 
@@ -48,10 +49,8 @@ else:
 if os.environ.get("TRITON_INTERPRET") == "1":
     import interpreter_speed
 
-    try:
+    with contextlib.suppress(ImportError):  # no triton: its tests say so
         interpreter_speed.install()
-    except ImportError:  # no triton: its tests say so
-        pass
 
 
 @pytest.fixture
