@@ -128,3 +128,20 @@ def run_compile_check(*args: str) -> str:
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
+
+
+def run_interpreted(script, *args: str, timeout: float = 600, env: dict | None = None):
+    """Run a benchmark script as ``python script args`` under Triton's interpreter, with the
+    tests' once-per-launch language patching (tests/interpreter_speed.py) installed first:
+    the ``subprocess.CompletedProcess`` (text)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    boot = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); import interpreter_speed; "
+            "interpreter_speed.install(); sys.argv.pop(0); "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    env = dict(os.environ if env is None else env, TRITON_INTERPRET="1")
+    return subprocess.run([sys.executable, "-c", boot, str(here), str(script), *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)

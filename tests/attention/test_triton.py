@@ -28,6 +28,7 @@ from helpers import (
     assert_lse_and_grads_close,
     max_error,
     run_compile_check,
+    run_interpreted,
 )
 from qkv.attention import triton as triton_env
 from qkv.reference.attention import attention, attention_backward
@@ -418,14 +419,12 @@ def test_the_tile_sweeps_run_every_config_without_a_gpu(tmp_path, flex):
     that fails is recorded as its error and the minutes are gone (its stand-in for
     triton_plan.tiles once took the launches' extras flag as the forced tile)."""
     import json
-    import subprocess
-    import sys
     from pathlib import Path
 
     script = Path(__file__).parents[2] / "benchmarks" / "triton_tiles.py"
     out = tmp_path / "tiles.json"
-    args = [sys.executable, str(script), "--dry-run", "--out", str(out)] + (["--flex"] * flex)
-    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    done = run_interpreted(script, "--dry-run", "--out", str(out), *(["--flex"] * flex),
+                           timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     records = json.loads(out.read_text())["records"]
     failed = [r for r in records if r["ms"] is None]

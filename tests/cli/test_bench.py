@@ -285,17 +285,13 @@ def test_the_gpu_suite_runs_every_case_dry_on_the_cpu(tmp_path):
     """benchmarks/gpu.py --device cpu --quick (Triton's interpreter, tiny shapes, one timed
     call): every case builds and every qkv implementation runs, so the suite a lent GPU's
     minutes go to cannot rot between GPU sessions. torch's GPU kernels may refuse the CPU."""
-    import os
-    import subprocess
-    import sys
+    from helpers import run_interpreted
 
     pytest.importorskip("triton")
     script = Path(__file__).parents[2] / "benchmarks" / "gpu.py"
     out = tmp_path / "gpu.json"
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, str(script), "--device", "cpu", "--quick",
-                           "--repeats", "1", "--warmup", "0", "--out", str(out)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = run_interpreted(script, "--device", "cpu", "--quick", "--repeats", "1",
+                           "--warmup", "0", "--out", str(out))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     records = json.loads(out.read_text())["records"]
     groups = {r["group"] for r in records}

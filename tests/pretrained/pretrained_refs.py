@@ -7,7 +7,9 @@ command; it is never skipped.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
@@ -67,14 +69,33 @@ def smollm2() -> qkv.pretrained.DecoderBundle:
     return qkv.pretrained.load("SmolLM2-135M-Instruct")
 
 
+@contextlib.contextmanager
+def plain_view_gguf() -> Iterator[None]:
+    """transformers reads GGUF with ``gguf.GGUFReader``, 5 s of SmolLM2's header each time
+    (twice per load: model and tokenizer). Within this block it reads through qkv's
+    plain-view subclass, which reads every field and tensor as the package's reader does
+    (tests/pretrained/test_pretrained_gguf.py checks it on this very file): the same
+    reference, 10 s sooner."""
+    gguf = need("gguf")
+    from qkv.pretrained.gguf.reader import _reader_class
+
+    original = gguf.GGUFReader
+    gguf.GGUFReader = _reader_class(gguf)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
 @cache
 def hf_smollm2() -> tuple[Any, Any]:
     """transformers' LlamaForCausalLM (eager, float32) and tokenizer from the same GGUF."""
     transformers = need("transformers")
     need("accelerate")  # transformers needs it to load GGUF files
     folder = str(qkv.pretrained.locate("SmolLM2-135M-Instruct").parent)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=SMOLLM2_FILE, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_FILE)
+    with plain_view_gguf():
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=SMOLLM2_FILE, dtype=torch.float32, attn_implementation="eager"
+        ).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_FILE)
     return model, tokenizer
