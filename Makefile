@@ -30,6 +30,8 @@ NUMERIC_TESTS = tests/attention tests/nn tests/models tests/generate tests/pretr
 # variables do not reach (only the float64 references would change); the first pass ran them.
 INTERPRETED = tests/attention/test_triton.py tests/attention/test_triton_flex.py \
   tests/attention/test_triton_paged.py tests/attention/test_triton_plan.py
+# Less the tests marked self_check (qkv against qkv, files, memory, orchestration: both sides
+# run on the same kernels, so other kernels move them together; the first pass ran them).
 # And less the moved-model tests: they compare a CPU run with a run on another device (torch's
 # lazy-tensor device here), which follows no ATen CPU kernel choice; the first pass ran them.
 MOVED = $(wildcard tests/*/test_*_moved.py)
@@ -37,11 +39,11 @@ test-avx2: $(VENV)/.stamp-test
 	@if [ "$(CAPABILITY)" = "AVX2" ]; then \
 	  echo "this CPU's kernels are AVX2: the first pass tested them"; \
 	else \
-	  echo "again on AVX2 kernels (this CPU: $(CAPABILITY)): $(NUMERIC_TESTS), less $(INTERPRETED) $(MOVED)"; \
+	  echo "again on AVX2 kernels (this CPU: $(CAPABILITY)): $(NUMERIC_TESTS), less $(INTERPRETED) $(MOVED) and the self_check tests"; \
 	  ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \
 	  TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/$(VENV)/inductor-avx2 \
-	  $(BIN)/python -m pytest -n 2 --dist worksteal -q -p no:cacheprovider $(PYTEST_FLAGS) $(NUMERIC_TESTS) \
-	    $(addprefix --ignore=,$(INTERPRETED) $(MOVED)); \
+	  $(BIN)/python -m pytest -n 2 --dist worksteal -q -p no:cacheprovider -m "not self_check" \
+	    $(PYTEST_FLAGS) $(NUMERIC_TESTS) $(addprefix --ignore=,$(INTERPRETED) $(MOVED)); \
 	fi
 
 # On a machine with a CUDA GPU, with the machine's own CUDA torch and triton (GPU_PYTHON):

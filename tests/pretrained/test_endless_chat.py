@@ -24,6 +24,7 @@ def _say(chat: EndlessChat, messages: list, text: str, n: int = 12) -> str:
     return reply
 
 
+@pytest.mark.self_check
 def test_the_first_turn_equals_the_plain_chat():
     bundle = smollm2()
     messages = [{"role": "user", "content": "Name three colours."}]
@@ -31,6 +32,7 @@ def test_the_first_turn_equals_the_plain_chat():
     assert "".join(EndlessChat(bundle).reply(messages, max_new_tokens=16)) == plain
 
 
+@pytest.mark.self_check
 def test_turns_feed_only_what_is_new_and_memory_stays_flat():
     bundle = smollm2()
     chat, messages = EndlessChat(bundle, sinks=4, recent=96), []

@@ -139,6 +139,7 @@ def test_segments_equal_transformers_with_previous_text_and_thresholds(long_clip
     assert all(s.temperature == 0.0 for s in transcript.segments)
 
 
+@pytest.mark.self_check
 def test_batches_and_one_beam_equal_one_at_a_time(long_clip, bundle):
     o = TranscribeOptions.transformers()
     clips = [long_clip[: 16000 * 40], long_clip[: 16000 * 12], long_clip[16000 * 5 : 16000 * 50]]
@@ -149,6 +150,7 @@ def test_batches_and_one_beam_equal_one_at_a_time(long_clip, bundle):
     assert beams.segments and all(s.start <= s.end for s in beams.segments), _ours(beams)
 
 
+@pytest.mark.self_check
 def test_batches_with_previous_text_equal_one_at_a_time(long_clip, bundle):
     """openai-whisper's defaults: after the first window each recording's prompt has its own
     length; the rows decode left-padded in one batch, each as it would alone."""
@@ -183,6 +185,7 @@ def test_ragged_rows_decode_as_each_row_alone(bundle):
         model.decode(ids, memory, keep=keep[:, :2], positions=_ragged(prompts, 0, "cpu")[2])
 
 
+@pytest.mark.self_check
 def test_fallback_samples_reproducibly(bundle, tmp_path):
     """A threshold no decode can pass forces every temperature: the last one's samples are
     kept, from the seed."""
@@ -298,6 +301,7 @@ def test_word_times_are_within_bound_of_the_truth(spoken_words, bundle):
     assert segment.start <= words[0].start and segment.end >= words[-1].end - 1e-9
 
 
+@pytest.mark.self_check
 def test_word_timestamps_leave_segments_text_alone(long_clip, bundle):
     x = long_clip[: 16000 * 45]
     plain = bundle.transcript(x)
@@ -311,6 +315,7 @@ def test_word_timestamps_leave_segments_text_alone(long_clip, bundle):
 # --- the command ----------------------------------------------------------------------------
 
 
+@pytest.mark.self_check
 def test_transcribe_command_writes_subtitles_parsers_read(tmp_path, long_clip):
     """``qkv transcribe`` on a real 40 s recording: SRT and WebVTT that pysrt and webvtt-py
     read back with the transcript's cues, JSON with timed words, and the alignment figure."""

@@ -181,6 +181,7 @@ def _same_reading(a, b) -> None:
         assert np.array_equal(ta.data, tb.data), ta.name
 
 
+@pytest.mark.self_check
 def test_the_plain_view_reader_reads_what_the_packages_reader_reads(tmp_path, model):
     """qkv reads the header through a plain view of the memory map (3x faster on SmolLM2's
     vocabulary): every field and tensor as ``gguf.GGUFReader`` reads them, on a file with

@@ -44,6 +44,7 @@ def test_bad_stops_are_refused():
             check_stops(bad)
 
 
+@pytest.mark.self_check
 def test_stop_cuts_the_text_and_streaming_never_shows_a_partial_stop():
     bundle = smollm2()
     full = bundle.generate(PROMPT, 40)
@@ -58,6 +59,7 @@ def test_stop_cuts_the_text_and_streaming_never_shows_a_partial_stop():
         assert not any(shown.endswith(stop[:n]) for n in range(1, len(stop))), shown
 
 
+@pytest.mark.self_check
 def test_controls_reach_the_model_through_the_bundle():
     bundle = smollm2()
     controls = GenerationControls(repetition_penalty=1.5, no_repeat_ngram_size=3)
@@ -69,6 +71,7 @@ def test_controls_reach_the_model_through_the_bundle():
     assert got != bundle.generate(PROMPT, 30)
 
 
+@pytest.mark.self_check
 def test_the_generate_command_takes_controls_and_stops():
     bundle = smollm2()
     full = bundle.generate(PROMPT, 40)

@@ -316,6 +316,7 @@ def test_files_that_lie_about_rate_or_amplitude_are_refused_by_name(tmp_path, ra
     assert "odd.wav" in str(info.value)
 
 
+@pytest.mark.self_check
 def test_long_files_are_read_window_by_window_in_bounded_memory(tmp_path):
     """Issue 31: eight hours of FLAC died in the allocator (every window's features at once).
     A file is now read, checked and resampled block by block: 20 minutes of 48 kHz stereo

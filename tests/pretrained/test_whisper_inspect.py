@@ -23,6 +23,7 @@ def _page_data(html: str) -> dict:
     return json.loads(block.group(1))
 
 
+@pytest.mark.self_check
 def test_inspect_speech_writes_time_axis_viewer_and_alignment(tmp_path, monkeypatch):
     clip = espeak(SENTENCES[1], tmp_path, "clip")
     bundle = whisper()
