@@ -339,7 +339,7 @@ def test_kernels_compile_for_hopper_and_ampere_without_a_gpu():
     catches what only it sees (the first GPU run found one: a ``None`` returned from a
     helper)."""
     out = run_compile_check()
-    assert out.count("ok sm_90") == 10 and out.count("ok sm_80") == 3, out
+    assert out.count("ok sm_90") == 7 and out.count("ok sm_80") == 3, out
 
 
 @pytest.mark.skipif(bool(os.environ.get("ATEN_CPU_CAPABILITY")),
