@@ -43,6 +43,7 @@ def test_check_targets_grades_each_ratio_against_its_bound():
     assert speed.check_targets([]) == []
 
 
+@pytest.mark.self_check  # the bench's machinery; the agreement is test_pretrained_*'s property
 def test_minilm_and_smollm2_side_by_side_agree_with_their_references():
     """A tiny real run: both sides are timed and their outputs agree (MiniLM embeddings to
     1e-4, SmolLM2's greedy tokens identical)."""
