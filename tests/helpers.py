@@ -130,7 +130,7 @@ def run_compile_check(*args: str) -> str:
     return done.stdout
 
 
-def run_interpreted(script, *args: str, timeout: float = 600, env: dict | None = None):
+def run_interpreted(script, *args: str, timeout: float = 600):
     """Run a benchmark script as ``python script args`` under Triton's interpreter, with the
     tests' once-per-launch language patching (tests/interpreter_speed.py) installed first:
     the ``subprocess.CompletedProcess`` (text)."""
@@ -142,6 +142,6 @@ def run_interpreted(script, *args: str, timeout: float = 600, env: dict | None =
     boot = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); import interpreter_speed; "
             "interpreter_speed.install(); sys.argv.pop(0); "
             "runpy.run_path(sys.argv[0], run_name='__main__')")
-    env = dict(os.environ if env is None else env, TRITON_INTERPRET="1")
+    env = dict(os.environ, TRITON_INTERPRET="1")
     return subprocess.run([sys.executable, "-c", boot, str(here), str(script), *args], env=env,
                           capture_output=True, text=True, timeout=timeout)

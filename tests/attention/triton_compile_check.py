@@ -306,7 +306,8 @@ def main() -> int:
     chosen_hopper = [v for n, v in enumerate(every) if n % 4 in (1, 3)]
     for target, chosen in ((hopper, chosen_hopper), (ampere, every[1::4])):
         for fn, dtype, flags, tiles in chosen:
-            constexprs = dict(flags, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=128, BLOCK_DV=128,
+            constexprs = dict(flags, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+                              BLOCK_D=128, BLOCK_DV=128,
                               PRECISION="ieee" if dtype == "*fp32" else "tf32", UPCAST=False,
                               EVEN_D=flags["MASK_KIND"] != 2)
             constexprs["IS_CAUSAL"] = bool(constexprs["IS_CAUSAL"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
@@ -69,22 +68,18 @@ def smollm2() -> qkv.pretrained.DecoderBundle:
     return qkv.pretrained.load("SmolLM2-135M-Instruct")
 
 
-@contextlib.contextmanager
-def plain_view_gguf() -> Iterator[None]:
+def plain_view_gguf() -> contextlib.AbstractContextManager:
     """transformers reads GGUF with ``gguf.GGUFReader``, 5 s of SmolLM2's header each time
     (twice per load: model and tokenizer). Within this block it reads through qkv's
     plain-view subclass, which reads every field and tensor as the package's reader does
     (tests/pretrained/test_pretrained_gguf.py checks it on this very file): the same
     reference, 10 s sooner."""
-    gguf = need("gguf")
+    from unittest import mock
+
     from qkv.pretrained.gguf.reader import _reader_class
 
-    original = gguf.GGUFReader
-    gguf.GGUFReader = _reader_class(gguf)
-    try:
-        yield
-    finally:
-        gguf.GGUFReader = original
+    gguf = need("gguf")
+    return mock.patch.object(gguf, "GGUFReader", _reader_class(gguf))
 
 
 @cache

@@ -17,6 +17,7 @@ dequantised tensor is checked finite (a block whose scale is NaN is a corrupt fi
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from qkv.pretrained.errors import require
 __all__ = ["GGUFFile", "read_gguf"]
 
 
+@functools.cache
 def _reader_class(gguf: Any) -> type:
     """``gguf.GGUFReader``, reading its header through a plain NumPy view of the memory map.
 
@@ -42,7 +44,8 @@ def _reader_class(gguf: Any) -> type:
     merge strings took 3-5 s of a 6.7 s load. The same slices of a plain view of the same
     memory are the same values (tested field by field against the package's own reader) in
     a third of the time. Where the installed ``gguf`` no longer has the private method this
-    replaces, with the same arguments, the package's reader is used as it is.
+    replaces, with the same arguments, the package's reader is used as it is. Made once per
+    ``gguf`` module.
     """
     import inspect
 
