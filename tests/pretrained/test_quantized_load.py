@@ -20,7 +20,8 @@ def test_load_quantized_smollm2(mode, kind, bound):
     bundle = qkv.pretrained.load("SmolLM2-135M-Instruct", quantize=mode)
     assert bundle.source["quantize"] == mode
     assert not [m for m in bundle.model.modules() if type(m) is nn.Linear]
-    assert sum(isinstance(m, kind) for m in bundle.model.modules()) == 30 * 7 + 1
+    assert sum(isinstance(m, kind) for m in bundle.model.modules()) == 30 * 7 + (mode == "int8")
+    assert isinstance(bundle.model.lm_head, Int8Linear)  # int4's head at 8 bits, as llama.cpp
     ids = torch.tensor([bundle.tokenizer.encode("The capital of France is Paris, and the")])
     with torch.inference_mode():
         want, got = float_bundle.model(ids), bundle.model(ids)

@@ -23,7 +23,8 @@ with no graph, a decoding step under ``no_grad``) is fitted only once this proce
 (at its first inference call on several threads, busy or not: about 20 ms, once), by running
 them, that this CPU's kernels give the same bits on the fitted count and on torch's
 (:func:`bits_hold`: torch's flash kernel, batched tile matmuls, a decoding step's GEMV and a
-prefill's linear layer, on both counts, compared bit for bit). BLAS libraries may split a
+prefill's linear layer, torch's packed int8 and int4 kernels, on both counts, compared bit
+for bit). BLAS libraries may split a
 reduction over their threads (MKL does on some Intel CPUs), which changes the bits with the
 thread count: there the check fails and the policy keeps torch's setting, so a result never
 depends on the load. ``torch.set_num_threads`` is process-wide: a call from one Python thread
@@ -183,7 +184,32 @@ def _probe_inputs() -> list[tuple[Callable, Callable[[], tuple]]]:
         (linear, inputs(rand(1, 4096), rand(64, 4096))),             # a long reduction
         (linear, inputs(rand(48, 576), rand(768, 576))),             # a prefill's GEMM
         (lambda x: torch.softmax(x, -1).sum(-1), inputs(rand(64, 2048))),
+        *_packed_probes(rand),
     ]
+
+
+def _packed_probes(rand: Callable) -> list[tuple[Callable, Callable[[], tuple]]]:
+    """torch's packed int8 and int4 CPU kernels (qkv.nn.quantized's decoding GEMV and short
+    prefill), on one row and 48, where this torch has them."""
+    def int8(x, w):
+        return torch._weight_int8pack_mm(x.bfloat16(), w, torch.ones(768, dtype=torch.bfloat16))
+
+    def int4(x, codes):
+        tiled = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
+        scale_zero = torch.ones(576 // 32, 768, 2, dtype=torch.bfloat16)
+        return torch._weight_int4pack_mm_for_cpu(x.bfloat16(), tiled, 32, scale_zero)
+
+    def codes(low, high, dtype):
+        gen = torch.Generator().manual_seed(0)
+        return lambda: torch.randint(low, high, (768, 576), generator=gen, dtype=dtype)
+
+    out = []
+    for rows in (1, 48):
+        if hasattr(torch, "_weight_int8pack_mm"):
+            out.append((int8, lambda r=rows: (rand(r, 576)(), codes(-127, 128, torch.int8)())))
+        if hasattr(torch, "_weight_int4pack_mm_for_cpu"):
+            out.append((int4, lambda r=rows: (rand(r, 576)(), codes(0, 16, torch.int32)())))
+    return out
 
 
 def bits_hold(fitted_n: int, requested: int) -> bool:

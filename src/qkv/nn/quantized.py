@@ -10,16 +10,32 @@ memory traffic, not arithmetic: fewer bytes per weight is the lever (gpt-fast, l
   ``W ≈ (q - z) · s`` with ``q`` in ``[0, 15]``, two codes per byte (0.5 byte per weight plus
   a scale and zero point per group).
 
-Activations stay in floating point (weight-only). The forward dequantises one block of rows
-at a time (``_ROWS`` rows: a few MB that stay in cache) and multiplies it at once: on a CPU
-this reads the weights as int8 or int4 from memory and was measured ~2.3x faster than float32
-for a 1-token step on this project's 2-core machine (``benchmarks/quantize.py``). torch's
-fused low-bit CPU kernels (``_weight_int8pack_mm``, ``_weight_int4pack_mm_for_cpu``) were
-measured 2.5x and 5x *slower* than float32 there (AVX2, no VNNI), so they are not used.
+Activations stay in floating point (weight-only). Two kernels compute ``x Wᵀ``, chosen per
+call by the module's ``kernel`` field (:data:`KERNELS`):
+
+* ``"packed"``: torch's fused CPU kernels, ``_weight_int8pack_mm`` and
+  ``_weight_int4pack_mm_for_cpu``, which read the codes straight from memory. They compute
+  in bfloat16 (the activations and the result are rounded to bfloat16, the products summed
+  in float32), so a float32 call is exact to bfloat16's unit roundoff ``u = 2^-8``, not
+  float32's. They apply only on the CPU, to float32 or bfloat16 inputs without autograd, and
+  to shapes the kernels take (int8: ``in % 16 == 0``, which torch does not check: other
+  widths crash the process; int4: ``out % 16 == 0`` and ``group_size`` in 32, 64, 128, 256).
+* ``"float"``: dequantise one block of rows at a time (``_ROWS`` rows, a few MB that stay in
+  cache) into the input's dtype and multiply by it, exact to the input dtype.
+* ``"auto"`` (the default): packed for at most :data:`PACKED_ROWS` rows of ``x`` (32 for
+  int8, 64 for int4: a decoding step, a short prompt), float above, where the float matmul is
+  compute-bound and as fast or faster. The rule depends on the shape, never on a timing, so
+  one call gives the same bits on a quiet machine and a loaded one.
+
+``benchmarks/quantize.py --rows`` measures the rule: SmolLM2-135M's forward over M tokens
+through each kernel. On one AMD EPYC (2 threads, ``AVX512``; and under
+``ATEN_CPU_CAPABILITY=avx2``) the packed kernels were faster up to 64 rows for both widths
+(int4-float dequantises every group: 2-6x slower than int4-packed there), level or slower
+from 128 (up to 1.7x slower at 512 under AVX2).
 
 Exactness: each module's :meth:`~Int8Linear.dequantized` weight is the float matrix it
-multiplies by; tests compare the forward with ``x @ W_deqᵀ + b`` in plain torch, and the
-quantised model with the float one (logit error, greedy agreement).
+multiplies by; tests compare both kernels' forward with ``x @ W_deqᵀ + b`` in float64 (the
+packed one within the bfloat16 rounding bound), and the quantised model with the float one.
 """
 
 from __future__ import annotations
@@ -30,10 +46,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["MODES", "Int4Linear", "Int8Linear", "quantize_"]
+__all__ = ["KERNELS", "MODES", "PACKED_ROWS", "Int4Linear", "Int8Linear", "quantize_"]
 
 MODES = ("int8", "int4")
+KERNELS = ("auto", "packed", "float")
+PACKED_ROWS = {"int8": 32, "int4": 64}  # "auto" packs up to this many rows of x, by mode
 _ROWS = 4096  # output rows dequantised at a time: 4096 x 576 float32 is 9 MB
+_INT4_GROUPS = (32, 64, 128, 256)  # the group sizes _weight_int4pack_mm_for_cpu takes
 
 
 def _rows_blocks(out_features: int) -> list[tuple[int, int]]:
@@ -84,9 +103,35 @@ class _QuantLinear(nn.Module):
             raise ValueError(f"{type(self).__name__}: x must end in in_features="
                              f"{self.in_features}, got shape {tuple(x.shape)}")  # fmt: skip
 
+    mode: str  # "int8" or "int4"
+    kernel: str = "auto"  # one of KERNELS: how forward multiplies (module docstring)
+    packable: bool = False  # the weight's shape is one torch's packed CPU kernel takes
+
+    def _packed(self, x2: Tensor) -> Tensor:
+        """``(M, in) bfloat16 -> (M, out) bfloat16`` through torch's packed CPU kernel."""
+        raise NotImplementedError
+
+    def _wants_packed(self, x: Tensor) -> bool:
+        """Whether this call takes the packed kernel (``kernel``, shape, device, dtype, grad)."""
+        if self.kernel == "float" or not self.packable or x.device.type != "cpu":
+            return False
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            return False
+        if x.requires_grad and torch.is_grad_enabled():
+            return False  # the packed kernels have no backward
+        rows = x.numel() // self.in_features
+        return self.kernel == "packed" or rows <= PACKED_ROWS[self.mode]
+
+    def _forward_packed(self, x: Tensor) -> Tensor:
+        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, in)
+        out = self._packed(x2).to(x.dtype).view(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias.to(x.dtype)
+
     def forward(self, x: Tensor) -> Tensor:
         """``(*, in) -> (*, out)``, as ``nn.Linear``."""
         self._check(x)
+        if self._wants_packed(x):
+            return self._forward_packed(x)
         parts = []
         for a, b in _rows_blocks(self.out_features):
             w = self._block(a, b, x.dtype, _scratch(b - a, self.in_features, x))
@@ -102,13 +147,21 @@ class Int8Linear(_QuantLinear):
         linear: the float layer to quantise (``(out, in)`` weight, optional bias).
 
     Buffers: ``qweight (out, in)`` int8, ``scale (out,)`` float32, ``bias (out,)`` or None.
+    The packed kernel applies when ``in % 16 == 0``.
     """
+
+    mode = "int8"
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         w = linear.weight.detach().float()  # (out, in)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight_dtype = linear.weight.dtype
+        self.packable = self.in_features % 16 == 0 and hasattr(torch, "_weight_int8pack_mm")
+        # The packed kernel's per-channel scale is ones: the float32 scale is applied to its
+        # output instead (one rounding fewer than a bfloat16 scale), and nothing is derived.
+        ones = torch.ones(self.out_features, dtype=torch.bfloat16)
+        self.register_buffer("_ones", ones, persistent=False)
         scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # (out,)
         q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)  # (out, in)
         self.register_buffer("qweight", q)
@@ -129,10 +182,21 @@ class Int8Linear(_QuantLinear):
         q = self.qweight[start:stop]
         return q.to(like.dtype) if buf is None else buf.copy_(q)
 
+    def _packed(self, x2: Tensor) -> Tensor:
+        return torch._weight_int8pack_mm(x2, self.qweight, self._ones.to(torch.bfloat16))
+
+    def _forward_packed(self, x: Tensor) -> Tensor:
+        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, in)
+        out = self._packed(x2).to(x.dtype) * self.scale.to(x.dtype)  # (M, out)
+        out = out.view(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias.to(x.dtype)
+
     def forward(self, x: Tensor) -> Tensor:
         """``(*, in) -> (*, out)``: ``(x qᵀ) · s + b``, the per-channel scale applied to the
         output (``out`` multiplications, not ``out · in``)."""
         self._check(x)
+        if self._wants_packed(x):
+            return self._forward_packed(x)
         parts = [F.linear(x, self._codes(a, b, x))
                  for a, b in _rows_blocks(self.out_features)]  # fmt: skip
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)  # (*, out)
@@ -153,11 +217,16 @@ class Int4Linear(_QuantLinear):
 
     Buffers: ``packed (out, in/2)`` uint8 (two codes per byte, low nibble first),
     ``scale (out, in/g)`` and ``zero (out, in/g)`` float32 (``W ≈ (q - zero) · scale``),
-    ``bias``.
+    ``bias``. Built on the CPU with ``out % 16 == 0`` and ``group_size`` in 32, 64, 128 or
+    256, it also holds the packed kernel's copy of the codes (torch's own tiled layout, which
+    depends on the CPU; not saved, made again after ``load_state_dict``) and its bfloat16
+    scales and zero points: 0.625 more bytes a weight, for a kernel that reads 0.5.
 
     Raises:
         ValueError: ``in_features`` not divisible by ``group_size`` (or odd).
     """
+
+    mode = "int4"
 
     def __init__(self, linear: nn.Linear, group_size: int = 32) -> None:
         super().__init__()
@@ -179,6 +248,32 @@ class Int4Linear(_QuantLinear):
         self.register_buffer("zero", zero)
         bias = None if linear.bias is None else linear.bias.detach().clone()
         self.register_buffer("bias", bias)
+        self._repack()
+        self.register_load_state_dict_post_hook(lambda module, _keys: module._repack())
+
+    def codes(self) -> Tensor:
+        """The ``(out, in)`` uint8 codes in ``[0, 15]``, unpacked."""
+        p = self.packed  # (N, K/2)
+        return torch.stack([p & 15, p >> 4], dim=-1).view(self.out_features, self.in_features)
+
+    def _repack(self) -> None:
+        """Make (or drop) the packed kernel's copy of the codes, scales and zero points."""
+        self.packable = (self.packed.device.type == "cpu" and self.out_features % 16 == 0
+                         and self.group_size in _INT4_GROUPS
+                         and hasattr(torch, "_weight_int4pack_mm_for_cpu"))  # fmt: skip
+        tiled = sz = None
+        if self.packable:
+            tiled = torch._convert_weight_to_int4pack_for_cpu(self.codes().to(torch.int32), 1)
+            # torch's convention: W = (q - 8) · scale + zero_point, groups first: (G, N, 2)
+            point = (8.0 - self.zero) * self.scale  # (N, G)
+            sz = torch.stack([self.scale.t(), point.t()], dim=-1).to(torch.bfloat16)
+        self.register_buffer("_tiled", tiled, persistent=False)
+        self.register_buffer("_scale_zero", None if sz is None else sz.contiguous(),
+                             persistent=False)  # fmt: skip
+
+    def _packed(self, x2: Tensor) -> Tensor:
+        return torch._weight_int4pack_mm_for_cpu(x2, self._tiled, self.group_size,
+                                                 self._scale_zero.to(torch.bfloat16))  # fmt: skip
 
     def _block(self, start: int, stop: int, dtype: torch.dtype,
                out: Tensor | None = None) -> Tensor:  # fmt: skip
@@ -200,11 +295,16 @@ class Int4Linear(_QuantLinear):
 
 
 def quantize_(model: nn.Module, mode: str = "int8", *, group_size: int = 32,
-              skip: Callable[[str, nn.Linear], bool] | None = None) -> nn.Module:  # fmt: skip
+              skip: Callable[[str, nn.Linear], bool] | None = None,
+              kernel: str = "auto", head: str | None = None) -> nn.Module:  # fmt: skip
     """Replace ``model``'s ``nn.Linear`` modules by quantised ones, in place.
 
     A weight shared by two modules (an ``lm_head`` tied to the embedding) is quantised as the
     head's own copy: the embedding keeps its float table (a lookup reads one row per token).
+    The output head (the module named ``lm_head``, as in every qkv decoder) takes ``head``'s
+    mode: by default int8 under ``"int4"``, as llama.cpp's Q4 files keep their output table
+    at 8 bits. On SmolLM2-135M (``benchmarks/quantize.py``) a 4-bit head cost 4.5% perplexity
+    on a held-out text, an 8-bit one 0.0%, for ~15% of int4's decoding speed.
 
     Args:
         model: any module (e.g. a :class:`qkv.models.DecoderLM`).
@@ -212,22 +312,32 @@ def quantize_(model: nn.Module, mode: str = "int8", *, group_size: int = 32,
         group_size: int4's group of input columns (32, as llama.cpp's Q4 formats); a layer
             whose width it does not divide stays in float.
         skip: ``(name, linear) -> True`` to keep a layer in float.
+        kernel: each new module's ``kernel`` (:data:`KERNELS`; the module docstring): ``"auto"``,
+            ``"packed"`` (wherever torch's packed CPU kernel applies) or ``"float"``. It can be
+            changed later on any module (``module.kernel = "float"``).
+        head: the mode of ``lm_head`` (:data:`MODES`); None: ``"int8"``.
 
     Returns:
         ``model`` (eval mode; quantised modules do not train).
 
     Raises:
-        ValueError: an unknown ``mode``.
+        ValueError: an unknown ``mode``, ``kernel`` or ``head``.
     """
     if mode not in MODES:
         raise ValueError(f"quantize must be one of {MODES}, got {mode!r}")
+    if head is not None and head not in MODES:
+        raise ValueError(f"head must be None or one of {MODES}, got {head!r:.80}")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r:.80}")
     targets = [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear]
     for name, linear in targets:
         if skip is not None and skip(name, linear):
             continue
-        if mode == "int4" and linear.in_features % group_size:
+        kind = (head or "int8") if name == "lm_head" else mode
+        if kind == "int4" and linear.in_features % group_size:
             continue
-        new = Int8Linear(linear) if mode == "int8" else Int4Linear(linear, group_size)
+        new = Int8Linear(linear) if kind == "int8" else Int4Linear(linear, group_size)
+        new.kernel = kernel
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, new)
