@@ -107,8 +107,8 @@ class _QuantLinear(nn.Module):
     kernel: str = "auto"  # one of KERNELS: how forward multiplies (module docstring)
     packable: bool = False  # the weight's shape is one torch's packed CPU kernel takes
 
-    def _packed(self, x2: Tensor) -> Tensor:
-        """``(M, in) bfloat16 -> (M, out) bfloat16`` through torch's packed CPU kernel."""
+    def _packed(self, x2: Tensor, dtype: torch.dtype) -> Tensor:
+        """``(M, in) bfloat16 -> (M, out)`` in ``dtype`` through torch's packed CPU kernel."""
         raise NotImplementedError
 
     def _wants_packed(self, x: Tensor) -> bool:
@@ -124,7 +124,7 @@ class _QuantLinear(nn.Module):
 
     def _forward_packed(self, x: Tensor) -> Tensor:
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, in)
-        out = self._packed(x2).to(x.dtype).view(*x.shape[:-1], self.out_features)
+        out = self._packed(x2, x.dtype).view(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias.to(x.dtype)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -182,14 +182,9 @@ class Int8Linear(_QuantLinear):
         q = self.qweight[start:stop]
         return q.to(like.dtype) if buf is None else buf.copy_(q)
 
-    def _packed(self, x2: Tensor) -> Tensor:
-        return torch._weight_int8pack_mm(x2, self.qweight, self._ones.to(torch.bfloat16))
-
-    def _forward_packed(self, x: Tensor) -> Tensor:
-        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, in)
-        out = self._packed(x2).to(x.dtype) * self.scale.to(x.dtype)  # (M, out)
-        out = out.view(*x.shape[:-1], self.out_features)
-        return out if self.bias is None else out + self.bias.to(x.dtype)
+    def _packed(self, x2: Tensor, dtype: torch.dtype) -> Tensor:
+        out = torch._weight_int8pack_mm(x2, self.qweight, self._ones.to(torch.bfloat16))
+        return out.to(dtype) * self.scale.to(dtype)  # (M, out): x qᵀ, then the row scales
 
     def forward(self, x: Tensor) -> Tensor:
         """``(*, in) -> (*, out)``: ``(x qᵀ) · s + b``, the per-channel scale applied to the
@@ -271,9 +266,9 @@ class Int4Linear(_QuantLinear):
         self.register_buffer("_scale_zero", None if sz is None else sz.contiguous(),
                              persistent=False)  # fmt: skip
 
-    def _packed(self, x2: Tensor) -> Tensor:
+    def _packed(self, x2: Tensor, dtype: torch.dtype) -> Tensor:
         return torch._weight_int4pack_mm_for_cpu(x2, self._tiled, self.group_size,
-                                                 self._scale_zero.to(torch.bfloat16))  # fmt: skip
+                                                 self._scale_zero.to(torch.bfloat16)).to(dtype)
 
     def _block(self, start: int, stop: int, dtype: torch.dtype,
                out: Tensor | None = None) -> Tensor:  # fmt: skip
