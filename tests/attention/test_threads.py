@@ -72,7 +72,6 @@ def test_fitted_threads_uses_the_free_cores_and_restores(two_threads, monkeypatc
     # ATEN_CPU_CAPABILITY=avx2 torch's flash kernel and a 48-row linear give other bits on one
     # thread than on two, so the policy keeps the count there: the decoding test checks both).
     monkeypatch.setattr(threads, "bits_hold", lambda n, requested: True)
-    monkeypatch.setattr(threads._State, "bits", {})
     with threads.fitted_threads() as n:
         assert n == 1 and torch.get_num_threads() == 1
     assert torch.get_num_threads() == 2
