@@ -87,7 +87,12 @@ def compiled_method(model: nn.Module, name: str, *, cuda_graphs: bool = False) -
 def _compiled_once(model: nn.Module, key: str, fn: Any, mode: str | None = None) -> Any:
     step = model.__dict__.get(key)
     if step is None:
-        step = torch.compile(fn, fullgraph=True, dynamic=False, mode=mode)
+        from qkv.generate.gemv_pass import compile_options  # (imports inductor: on first use)
+
+        weight = next(model.parameters(), None)
+        device = weight.device if weight is not None else torch.device("cpu")
+        options = None if mode is not None else compile_options(device)
+        step = torch.compile(fn, fullgraph=True, dynamic=False, mode=mode, options=options)
         object.__setattr__(model, key, step)
     return step
 
