@@ -49,6 +49,7 @@ from qkv.generate.session import (
     is_seq2seq,
     make_session,
 )
+from qkv.generate.structure import structure
 from qkv.nn.static_cache import StaticKVCache
 
 __all__ = ["BUCKET", "CUDA_GRAPHS", "POOL", "SOURCE_BUCKET", "StaticDecoderSession",
@@ -85,15 +86,25 @@ def compiled_method(model: nn.Module, name: str, *, cuda_graphs: bool = False) -
 
 
 def _compiled_once(model: nn.Module, key: str, fn: Any, mode: str | None = None) -> Any:
-    step = model.__dict__.get(key)
-    if step is None:
-        from qkv.generate.gemv_pass import compile_options  # (imports inductor: on first use)
+    """The compiled ``fn`` kept with ``model`` under ``key``, compiled afresh when the model's
+    :func:`~qkv.generate.structure.structure` changed since. On a CPU, torch's per-call
+    guards on the model's modules are dropped (that check is the fingerprint's, once per
+    session) and one-row matmuls run as reductions (:mod:`qkv.generate.gemv_pass`)."""
+    shape = structure(model)
+    kept = model.__dict__.get(key)
+    if kept is not None and kept[0] == shape:
+        return kept[1]
+    from qkv.generate.gemv_pass import compile_options  # (imports inductor: on first use)
 
-        weight = next(model.parameters(), None)
-        device = weight.device if weight is not None else torch.device("cpu")
-        options = None if mode is not None else compile_options(device)
-        step = torch.compile(fn, fullgraph=True, dynamic=False, mode=mode, options=options)
-        object.__setattr__(model, key, step)
+    weight = next(model.parameters(), None)
+    device = weight.device if weight is not None else torch.device("cpu")
+    options = None
+    if mode is None and device.type == "cpu":
+        options = {**(compile_options(device) or {}),
+                   "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+    step = torch.compile(fn, fullgraph=True, dynamic=False, mode=mode, options=options)
+    # (torch.compile marks a module it wraps: the fingerprint is taken after it did)
+    object.__setattr__(model, key, (structure(model), step))
     return step
 
 

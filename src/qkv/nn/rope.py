@@ -197,7 +197,7 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self._build(max_len, None)
         self.register_buffer("cos_cached", cos, persistent=False)
         self.register_buffer("sin_cached", sin, persistent=False)
-        self._last: tuple | None = None  # ((offset, T, device, table), (cos, sin)) of _tables
+        self._qkv_last: tuple | None = None  # ((offset, T, device, table), (cos, sin)) of _tables
 
     def _cos_sin(self, positions: Tensor, dtype: torch.dtype, length: int | None = None,
                  device: torch.device | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
@@ -225,8 +225,8 @@ class RotaryEmbedding(nn.Module):
         for the queries and once for the keys of every layer (one module serves them all)."""
         tracing = torch.compiler.is_compiling()  # a trace keeps no Python-side memo
         key = None if tracing else (offset, T, device, self.cos_cached.data_ptr())
-        if key is not None and self._last is not None and self._last[0] == key:
-            return self._last[1]
+        if key is not None and self._qkv_last is not None and self._qkv_last[0] == key:
+            return self._qkv_last[1]
         n = self.cos_cached.shape[0]
         stale = self.cos_cached.dtype != torch.float32 or self.cos_cached.device != device
         if stale or offset + T > n:
@@ -235,7 +235,7 @@ class RotaryEmbedding(nn.Module):
             self.cos_cached, self.sin_cached = self._build(n, device)
         tables = self.cos_cached[offset : offset + T], self.sin_cached[offset : offset + T]
         if not tracing:
-            self._last = ((offset, T, device, self.cos_cached.data_ptr()), tables)
+            self._qkv_last = ((offset, T, device, self.cos_cached.data_ptr()), tables)
         return tables
 
     def _scaled_length(self, length: int) -> int | None:
