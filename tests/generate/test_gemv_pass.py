@@ -90,11 +90,13 @@ def test_a_compiled_one_row_greedy_runs_the_pass_and_equals_eager(monkeypatch):
     model = DecoderLM(DecoderLMConfig.llama_style(37, d_model=24, num_layers=2, num_heads=4,
                                                   num_kv_heads=2, max_len=64)).eval()  # fmt: skip
     monkeypatch.setattr(gemv_pass, "DecodeGemv", _Counting)
-    # (a graph found in inductor's cache skips the passes: this one compiles afresh)
-    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)
     prompt = [[5, 6, 7, 8, 9]]
     want = greedy(model, prompt, max_new_tokens=6, eos_id=None)
-    got = greedy(model, prompt, max_new_tokens=6, eos_id=None, compile=True)
+    # (a graph found in inductor's cache skips the passes: this one compiles afresh)
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(force_disable_caches=True):
+        got = greedy(model, prompt, max_new_tokens=6, eos_id=None, compile=True)
     # per layer: q, k, v, out, gate, up, down; and the head
     assert _Counting.rewritten == 2 * 7 + 1, f"{_Counting.rewritten} matmuls rewritten"
     assert torch.equal(got, want), (got.tolist(), want.tolist())
