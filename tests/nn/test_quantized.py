@@ -10,6 +10,7 @@ from torch import nn
 from qkv.generate import greedy
 from qkv.models import DecoderLM, DecoderLMConfig
 from qkv.nn import quantized
+from qkv.nn.linear import Linear
 from qkv.nn.quantized import Int4Linear, Int8Linear, quantize_
 
 
@@ -167,7 +168,7 @@ def test_quantized_model_close_to_float(mode):
         want = model(ids)
         q = quantize_(_model(), mode, group_size=16)  # 16 divides every width (64, 176)
         got = q(ids)
-    linears = [m for m in q.modules() if type(m) is nn.Linear]
+    linears = [m for m in q.modules() if type(m) in (nn.Linear, Linear)]
     assert not linears, f"left in float: {linears}"
     assert isinstance(q.embed, nn.Embedding) and torch.equal(q.embed.weight, model.embed.weight)
     rel = ((got - want).norm() / want.norm()).item()
@@ -211,7 +212,7 @@ def test_errors():
     with pytest.raises(TypeError, match=r"module's parameters are torch\.float32"):
         quantize_(_model(), "int8").blocks[0].self_attn(torch.randn(1, 3, 64).double())
     kept = quantize_(_model(), "int8", skip=lambda name, m: name == "lm_head")
-    assert type(kept.lm_head) is nn.Linear
+    assert type(kept.lm_head) is Linear
     assert "int8 per-channel" in repr(kept.blocks[0].self_attn.q_proj)
 
 

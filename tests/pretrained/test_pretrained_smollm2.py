@@ -9,6 +9,8 @@ prompt; logits to 1e-4 (float32 through 30 layers: both implementations were mea
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from pretrained_refs import TEXTS, hf_smollm2, smollm2
@@ -56,13 +58,22 @@ def test_decode_round_trips():
 
 @pytest.mark.parametrize("prompt", [STORY, "The capital of France is"], ids=["chat", "text"])
 def test_logits_equal_transformers(prompt):
+    """Both float32 models against transformers' own in float64: qkv's matmuls (oneDNN for a
+    prompt's rows) sum in another order than transformers' (MKL), so its logits must be as
+    close to the float64 ones as transformers' float32 logits are (within 2x), and close to
+    them outright (4e-4: about four times transformers' own float32 error here)."""
     ref, _ = hf_smollm2()
     bundle = smollm2()
     ids = torch.tensor([bundle.prompt_ids(prompt)])  # (1, T)
     with torch.no_grad():
         ours = bundle.model(ids)  # (1, T, V)
         theirs = ref(ids).logits  # (1, T, V)
-    assert_close(ours, theirs, atol=1e-4, rtol=1e-6, name="logits")
+        exact = copy.deepcopy(ref).double()(ids).logits  # (1, T, V) float64
+    ours_err = (ours.double() - exact).abs().max().item()
+    theirs_err = (theirs.double() - exact).abs().max().item()
+    assert ours_err <= 2 * theirs_err + 1e-6, (
+        f"qkv's float32 logits are {ours_err:.3g} from float64, transformers' {theirs_err:.3g}")
+    assert_close(ours, theirs, atol=4e-4, rtol=1e-6, name="logits")
 
 
 def test_greedy_32_tokens_equal_transformers():

@@ -165,8 +165,9 @@ def _cores() -> int:
 def _probe_inputs() -> list[tuple[Callable, Callable[[], tuple]]]:
     """The kernels a fitted call runs, on sizes where BLAS and ATen parallelise, as
     ``(kernel, inputs)`` pairs: torch's flash kernel (a prefill), batched tile matmuls (the
-    tile loop), a decoding step's GEMV, a long reduction and a prefill's linear layer, each on
-    seeded float32 inputs made when it runs (at most ~2 MiB live at a time)."""
+    tile loop), a decoding step's GEMV, a long reduction and a prefill's linear layer (MKL's
+    and oneDNN's), each on seeded float32 inputs made when it runs (at most ~2 MiB live at a
+    time)."""
     def rand(*shape):
         return lambda: torch.randn(*shape, generator=torch.Generator().manual_seed(0))
 
@@ -183,9 +184,23 @@ def _probe_inputs() -> list[tuple[Callable, Callable[[], tuple]]]:
         (linear, inputs(rand(1, 576), rand(768, 576))),              # a decoding GEMV
         (linear, inputs(rand(1, 4096), rand(64, 4096))),             # a long reduction
         (linear, inputs(rand(48, 576), rand(768, 576))),             # a prefill's GEMM
+        *_onednn_probes(rand, inputs),
         (lambda x: torch.softmax(x, -1).sum(-1), inputs(rand(64, 2048))),
         *_packed_probes(rand),
     ]
+
+
+def _onednn_probes(rand: Callable, inputs: Callable) -> list[tuple[Callable, Callable]]:
+    """oneDNN's inner product (qkv.nn.linear's prefill GEMM, and its GEMV on CPUs not made
+    by Intel) on one row and 48, where this torch has it."""
+    if not (torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):  # fmt: skip
+        return []
+
+    def onednn(x, w):
+        return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+
+    return [(onednn, inputs(rand(rows, 576), rand(768, 576))) for rows in (1, 48)]
 
 
 def _packed_probes(rand: Callable) -> list[tuple[Callable, Callable[[], tuple]]]:

@@ -52,6 +52,7 @@ from qkv.models.parts import (
 from qkv.nn.block import TransformerBlock
 from qkv.nn.cache import KVCache
 from qkv.nn.dropout import Dropout
+from qkv.nn.linear import Linear
 from qkv.nn.norms import make_norm
 from qkv.nn.rope_scaling import RopeScaling
 from qkv.nn.sink_cache import sink_cache
@@ -112,7 +113,7 @@ class DecoderLM(ModelBase):
             make_norm(c.norm_kind, c.d_model, eps=c.norm_eps, bias=c.bias)
             if c.norm == "pre" else None
         )
-        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.lm_head = Linear(c.d_model, c.vocab_size, bias=False)
         init_gpt_style(self, c.num_layers)
         if c.tie_embeddings:
             self.lm_head.weight = self.embed.weight

@@ -43,6 +43,7 @@ from qkv.models.seq2seq_config import Seq2SeqConfig
 from qkv.models.seq2seq_positions import stack_positions
 from qkv.nn.block import TransformerBlock
 from qkv.nn.cache import KVCache
+from qkv.nn.linear import Linear
 from qkv.nn.norms import make_norm
 from qkv.nn.static_cache import StaticKVCache
 
@@ -104,7 +105,7 @@ class Seq2SeqTransformer(ModelBase):
         pre = c.norm == "pre"
         self.encoder_norm = make_norm(c.norm_kind, c.d_model, **norm) if pre else None
         self.decoder_norm = make_norm(c.norm_kind, c.d_model, **norm) if pre else None
-        self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size, bias=c.output_bias)
+        self.lm_head = Linear(c.d_model, c.tgt_vocab_size, bias=c.output_bias)
         init_xavier(self)
         if c.tie_embeddings:
             self.lm_head.weight = self.tgt_embed.weight

@@ -39,6 +39,7 @@ from qkv.models.parts import (
 from qkv.nn.block import TransformerBlock
 from qkv.nn.cache import KVCache
 from qkv.nn.feedforward import ACTIVATIONS as FFN_ACTIVATIONS
+from qkv.nn.linear import Linear
 from qkv.nn.norms import make_norm
 from qkv.nn.positions import LearnedPositionalEmbedding
 from qkv.nn.static_cache import StaticKVCache
@@ -181,7 +182,7 @@ class SpeechSeq2Seq(ModelBase):
             TransformerBlock(**block, cross_attention=True) for _ in range(c.num_decoder_layers)
         )
         self.decoder_norm = make_norm("layernorm", c.d_model, eps=c.norm_eps)
-        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.lm_head = Linear(c.d_model, c.vocab_size, bias=False)
         self.lm_head.weight = self.tgt_embed.weight
 
     def new_cache(self, max_len: int | None = None, *, static: bool = False,

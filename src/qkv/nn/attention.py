@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from qkv.attention import masks
 from qkv.attention.flex.blocks import BlockMask
@@ -52,6 +52,7 @@ from qkv.nn.alibi import alibi_bias, alibi_slopes
 from qkv.nn.cache import LayerKVCache
 from qkv.nn.core import AttentionCore
 from qkv.nn.hooks import check_flex_args
+from qkv.nn.linear import Linear
 from qkv.nn.norms import make_norm
 from qkv.nn.options import AttentionOptions
 from qkv.nn.rope import RotaryEmbedding
@@ -100,8 +101,9 @@ class Attention(AttentionCore):
             masking: Gemma 2; a ``score_mod`` on the flex path).
 
     Submodules ``q_proj (E -> H·D)``, ``k_proj (Ec -> Hkv·D)``, ``v_proj (Ec -> Hkv·D)`` and
-    ``out_proj (H·D -> E)`` are ``nn.Linear``; head ``h`` owns rows ``h·D .. (h+1)·D - 1`` of
-    ``q_proj`` and columns ``h·D .. (h+1)·D - 1`` of ``out_proj``.
+    ``out_proj (H·D -> E)`` are ``nn.Linear`` (:class:`qkv.nn.linear.Linear`); head ``h``
+    owns rows ``h·D .. (h+1)·D - 1`` of ``q_proj`` and columns ``h·D .. (h+1)·D - 1`` of
+    ``out_proj``.
 
     Raises:
         ValueError: non-positive sizes, ``d_model % num_heads != 0`` without ``d_head``,
@@ -166,10 +168,10 @@ class Attention(AttentionCore):
         key_bias = in_bias if k_bias is None else k_bias
 
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.d_head
-        self.q_proj = nn.Linear(d_model, H * D, bias=in_bias)
-        self.k_proj = nn.Linear(self.d_context, Hkv * D, bias=key_bias)
-        self.v_proj = nn.Linear(self.d_context, Hkv * D, bias=in_bias)
-        self.out_proj = nn.Linear(H * D, d_model, bias=bias if out_bias is None else out_bias)
+        self.q_proj = Linear(d_model, H * D, bias=in_bias)
+        self.k_proj = Linear(self.d_context, Hkv * D, bias=key_bias)
+        self.v_proj = Linear(self.d_context, Hkv * D, bias=in_bias)
+        self.out_proj = Linear(H * D, d_model, bias=bias if out_bias is None else out_bias)
         qk_norm, eps = self.options.qk_norm, self.options.norm_eps
         self.q_norm = None if qk_norm is None else make_norm(qk_norm, D, eps=eps)
         self.k_norm = None if qk_norm is None else make_norm(qk_norm, D, eps=eps)

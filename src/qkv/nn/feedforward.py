@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from qkv.nn.dropout import Dropout
 from qkv.nn.hooks import HookPoint
+from qkv.nn.linear import Linear
 
 __all__ = ["ACTIVATIONS", "FEEDFORWARD_KINDS", "FeedForward", "GeGLU", "SwiGLU",
            "make_feedforward"]
@@ -107,9 +108,9 @@ class FeedForward(nn.Module):
                 f"activation must be a name in {tuple(ACTIVATIONS)} or a callable, "
                 f"got {type(activation).__name__}"
             )
-        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.linear1 = Linear(d_model, d_ff, bias=bias)
         self.dropout = Dropout(_check_dropout(dropout))
-        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.linear2 = Linear(d_ff, d_model, bias=bias)
         self.hook_hidden = HookPoint()
 
     def forward(self, x: Tensor) -> Tensor:
@@ -150,9 +151,9 @@ class SwiGLU(nn.Module):
         super().__init__()
         self.d_model = _check_width("d_model", d_model)
         self.d_ff = _check_width("d_ff", d_ff)
-        self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)
-        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
-        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
+        self.gate_proj = Linear(d_model, d_ff, bias=bias)
+        self.up_proj = Linear(d_model, d_ff, bias=bias)
+        self.down_proj = Linear(d_ff, d_model, bias=bias)
         self.dropout = Dropout(_check_dropout(dropout))
         self.hook_hidden = HookPoint()
 

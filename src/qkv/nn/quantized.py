@@ -43,8 +43,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from qkv.nn.linear import Linear
+from qkv.nn.linear import linear as linear_kernel
 
 __all__ = ["KERNELS", "MODES", "PACKED_ROWS", "Int4Linear", "Int8Linear", "quantize_"]
 
@@ -135,7 +137,7 @@ class _QuantLinear(nn.Module):
         parts = []
         for a, b in _rows_blocks(self.out_features):
             w = self._block(a, b, x.dtype, _scratch(b - a, self.in_features, x))
-            parts.append(F.linear(x, w))  # (*, b - a)
+            parts.append(linear_kernel(x, w))  # (*, b - a)
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)  # (*, out)
         return out if self.bias is None else out + self.bias.to(x.dtype)
 
@@ -192,7 +194,7 @@ class Int8Linear(_QuantLinear):
         self._check(x)
         if self._wants_packed(x):
             return self._forward_packed(x)
-        parts = [F.linear(x, self._codes(a, b, x))
+        parts = [linear_kernel(x, self._codes(a, b, x))
                  for a, b in _rows_blocks(self.out_features)]  # fmt: skip
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)  # (*, out)
         out = out * self.scale.to(x.dtype)
@@ -324,7 +326,8 @@ def quantize_(model: nn.Module, mode: str = "int8", *, group_size: int = 32,
         raise ValueError(f"head must be None or one of {MODES}, got {head!r:.80}")
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r:.80}")
-    targets = [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear]
+    # (exactly these types: a subclass such as a LoRA-wrapped layer is not a plain linear)
+    targets = [(name, m) for name, m in model.named_modules() if type(m) in (nn.Linear, Linear)]
     for name, linear in targets:
         if skip is not None and skip(name, linear):
             continue
