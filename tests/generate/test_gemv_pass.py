@@ -85,9 +85,10 @@ class _Counting(DecodeGemv):
         type(self).rewritten += before - after
 
 
+@pytest.mark.self_check  # a compiled qkv step against the eager one
 def test_a_compiled_one_row_greedy_runs_the_pass_and_equals_eager(monkeypatch):
     torch.manual_seed(0)
-    model = DecoderLM(DecoderLMConfig.llama_style(37, d_model=24, num_layers=2, num_heads=4,
+    model = DecoderLM(DecoderLMConfig.llama_style(37, d_model=24, num_layers=1, num_heads=4,
                                                   num_kv_heads=2, max_len=64)).eval()  # fmt: skip
     monkeypatch.setattr(gemv_pass, "DecodeGemv", _Counting)
     prompt = [[5, 6, 7, 8, 9]]
@@ -98,5 +99,5 @@ def test_a_compiled_one_row_greedy_runs_the_pass_and_equals_eager(monkeypatch):
     with inductor_config.patch(force_disable_caches=True):
         got = greedy(model, prompt, max_new_tokens=6, eos_id=None, compile=True)
     # per layer: q, k, v, out, gate, up, down; and the head
-    assert _Counting.rewritten == 2 * 7 + 1, f"{_Counting.rewritten} matmuls rewritten"
+    assert _Counting.rewritten == 7 + 1, f"{_Counting.rewritten} matmuls rewritten"
     assert torch.equal(got, want), (got.tolist(), want.tolist())
