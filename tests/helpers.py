@@ -33,6 +33,13 @@ def max_error(actual, expected) -> float:
     return float(np.max(np.abs(a - e)))
 
 
+def dot_rounding_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """How far a float32 ``x (..., K) @ w (N, K)ᵀ`` may fall from the exact one in any
+    summation order: ``K·eps·(|x| @ |w|ᵀ)`` elementwise, ``(..., N)`` in float64."""
+    eps = torch.finfo(torch.float32).eps
+    return x.shape[-1] * eps * (x.double().abs() @ w.double().abs().T) + 1e-30
+
+
 def assert_close(actual, expected, *, atol: float, rtol: float = 0.0, name: str = "value"):
     """Assert ``|actual - expected| <= atol + rtol·|expected|`` elementwise, with shapes equal.
 

@@ -8,11 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from helpers import dot_rounding_bound
 from qkv.generate import gemv_pass, greedy
 from qkv.generate.gemv_pass import DecodeGemv, compile_options
 from qkv.models import DecoderLM, DecoderLMConfig
-
-EPS = torch.finfo(torch.float32).eps
 
 
 def _linear(*args):
@@ -21,12 +20,6 @@ def _linear(*args):
 
 def _targets(gm: torch.fx.GraphModule) -> list:
     return [n.target for n in gm.graph.nodes if n.op == "call_function"]
-
-
-def _bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """A float32 dot product's rounding in any order: K·eps·(|x| @ |w|ᵀ), elementwise."""
-    K = x.shape[-1]
-    return K * EPS * (x.double().abs() @ w.double().abs().T) + 1e-30
 
 
 @pytest.mark.parametrize("shape", [(1, 7), (37, 53), (3, 1), (200, 576)])
@@ -47,7 +40,7 @@ def test_one_row_products_become_reductions_and_agree(shape, bias, lead):
     got, want = gm(*args), _linear(*args)
     want64 = F.linear(*(a.double() for a in args))
     err = (got.double() - want64).abs()
-    bound = _bound(x.reshape(1, K), w).reshape(err.shape) * 2
+    bound = dot_rounding_bound(x.reshape(1, K), w).reshape(err.shape) * 2
     assert got.shape == want.shape and got.dtype == torch.float32
     assert bool((err <= bound).all()), (f"max error {err.max().item():.3g} past the rounding "
                                         f"bound {bound.max().item():.3g}")  # fmt: skip

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helpers import dot_rounding_bound
 from qkv.nn import linear as linear_mod
 from qkv.nn.linear import Linear, uses_onednn
 
@@ -25,7 +26,7 @@ def _check(layer, x, name):
     got = layer(x)
     w, b = layer.weight.double(), None if layer.bias is None else layer.bias.double()
     want = F.linear(x.double(), w, b)
-    bound = x.shape[-1] * EPS * (x.double().abs() @ w.abs().T) * 2 + 1e-30
+    bound = dot_rounding_bound(x, w) * 2
     if b is not None:
         bound = bound + EPS * b.abs()
     err = (got.double() - want).abs()
