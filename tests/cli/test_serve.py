@@ -5,13 +5,9 @@ handling are exact; a client that leaves mid-stream frees its request's blocks."
 
 from __future__ import annotations
 
-import functools
 import json
-import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -21,74 +17,17 @@ pytest.importorskip("fastapi", reason="qkv serve needs the serve extra")
 uvicorn = pytest.importorskip("uvicorn", reason="qkv serve needs the serve extra")
 openai = pytest.importorskip("openai", reason="the tests talk through OpenAI's client")
 
-import qkv.pretrained  # noqa: E402
+from serving import LIMIT, MODEL, PROMPTS, TIMEOUT, alone, serving, smollm2  # noqa: E402
+
 from qkv.cli.app import app  # noqa: E402
 from qkv.generate.batching import BatchingEngine  # noqa: E402
 from qkv.serve.app import make_app  # noqa: E402
 
-MODEL = "SmolLM2-135M-Instruct"
-TIMEOUT = 30  # seconds any call, start or stop waits
-LIMIT = 600  # the server's --max-tokens
-PROMPTS = ["The capital of France is", "Once upon a time, a small robot", "def add(a, b):",
-           "Water boils at"]  # fmt: skip
-
-
-@functools.cache
-def smollm2():
-    return qkv.pretrained.load(MODEL)
-
-
-@functools.cache
-def alone(prompt: str | tuple, n: int) -> str:
-    """Greedy text of one request by itself (a str: raw completion; a tuple: chat messages)."""
-    bundle = smollm2()
-    chat = isinstance(prompt, tuple)
-    what = [dict(m) for m in prompt] if chat else prompt
-    return bundle.tokenizer.decode(bundle.generate_ids(what, n, chat=chat),
-                                   skip_special_tokens=True)  # fmt: skip
-
-
-@dataclass
-class Served:
-    port: int
-    engine: BatchingEngine
-    submitted: list  # every engine Request, in order
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="x", timeout=TIMEOUT,
-                             max_retries=0)  # fmt: skip
-
 
 @pytest.fixture(scope="module")
 def served():
-    bundle = smollm2()
-    engine = BatchingEngine(bundle.model, eos_id=bundle.eos_id, max_batch=4, num_blocks=160)
-    submitted, submit = [], engine.submit
-    engine.submit = lambda *a, **k: submitted.append(submit(*a, **k)) or submitted[-1]
-    web = make_app(bundle, engine, max_tokens_limit=LIMIT, max_request_bytes=100_000)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))  # a free port, held from the start (no race)
-    server = uvicorn.Server(uvicorn.Config(web, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    out = Served(sock.getsockname()[1], engine, submitted)
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        try:
-            if httpx.get(f"{out.url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            assert time.monotonic() < deadline, "the server did not answer /health"
-            time.sleep(0.05)
-    yield out
-    server.should_exit = True
-    thread.join(TIMEOUT)
-    assert not thread.is_alive(), "the server did not stop"
-    assert not engine._thread.is_alive(), "the engine did not stop with the server"
+    with serving() as out:
+        yield out
 
 
 def test_health_and_models(served):
@@ -194,10 +133,23 @@ BAD = [  # (path, body: dict or raw bytes, status, the field named)
     ("completions", {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens"),
     ("completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
     ("completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
-    ("completions", {"prompt": "hi", "n": 2}, 400, "n"),
+    ("completions", {"prompt": "hi", "n": 17}, 400, "n"),
+    ("completions", {"prompt": "hi", "n": 0}, 400, "n"),
     ("completions", {"prompt": "hi", "stop": [""]}, 400, "stop"),
     ("completions", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
-    ("completions", {"prompt": "hi", "echo": True}, 400, "echo"),
+    ("completions", {"prompt": "hi", "echo": True, "logprobs": 1}, 400, "echo"),
+    ("completions", {"prompt": "hi", "echo": "yes"}, 400, "echo"),
+    ("completions", {"prompt": "hi", "logprobs": 6}, 400, "logprobs"),
+    ("completions", {"prompt": "hi", "best_of": 3}, 400, "best_of"),
+    ("completions", {"prompt": "hi", "messages": []}, 400, "messages"),
+    ("completions", {"prompt": "hi", "frequency_penalty": 2.5}, 400, "frequency_penalty"),
+    ("completions", {"prompt": "hi", "presence_penalty": "1"}, 400, "presence_penalty"),
+    ("completions", {"prompt": "hi", "logit_bias": {"a": 1}}, 400, "logit_bias.a"),
+    ("completions", {"prompt": "hi", "logit_bias": {"5": 101}}, 400, "logit_bias.5"),
+    ("completions", {"prompt": "hi", "logit_bias": {"99999": 1}}, 400, "logit_bias"),
+    ("completions", {"prompt": "hi", "logit_bias": [1]}, 400, "logit_bias"),
+    ("completions", {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty"),
+    ("completions", {"prompt": "hi", "typo_temperature": 0}, 400, "typo_temperature"),
     ("completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model"),
     ("completions", {"prompt": [1] * 8190, "max_tokens": 10}, 400, "max_tokens"),
     ("completions", {"prompt": "x" * 200_000}, 413, "body"),
@@ -205,6 +157,13 @@ BAD = [  # (path, body: dict or raw bytes, status, the field named)
     ("chat/completions", {"messages": [{"content": "hi"}]}, 400, "messages[0].role"),
     ("chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400,
      "messages[0].content"),
+    *[("chat/completions", {"messages": [{"role": "user", "content": "hi"}], name: value}, 400,
+       name) for name, value in [
+        ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
+        ("tool_choice", "auto"), ("store", True), ("top_logprobs", 2), ("logprobs", 1),
+        ("user", 5), ("metadata", "m"), ("echo", True), ("audio", {})]],
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+                          "top_logprobs": 21}, 400, "top_logprobs"),
 ]
 
 

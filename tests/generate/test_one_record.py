@@ -39,6 +39,9 @@ CONTROLS = {
     "min_new_tokens": ([5, 9, 12], G(min_new_tokens=5)),
     "min_p": ([5, 9, 12, 4], G(min_p=0.5)),
     "forced_eos": ([5, 9, 12, 4], G(forced_eos=True)),
+    "logit_bias": ([5, 9, 12, 4], G(logit_bias={4: -2.0, 30: 1.5})),
+    "frequency_penalty": ([5, 9, 12, 4], G(frequency_penalty=0.8)),
+    "presence_penalty": ([5, 9, 12, 4], G(presence_penalty=1.5)),
 }
 MODES = {"greedy": {}, "sampled": dict(temperature=0.7, seed=3)}
 # min-p filters sampling only: greedy keeps its argmax, so that case could never fail.
@@ -51,7 +54,8 @@ OTHERS = [
                                            min_p=0.1)),
     ([1, 2, 3, 4, 5, 6, 7, 8], decoding_params(11, no_repeat_ngram_size=2,
                                                bad_words_ids=((13,), (4, 5)))),
-    ([20, 21], decoding_params(4, temperature=1.2, seed=7)),
+    ([20, 21], decoding_params(4, temperature=1.2, seed=7, frequency_penalty=-1.0,
+                               logit_bias={3: 2.0})),
     ([33, 12], decoding_params(8, min_new_tokens=3, forced_eos=True)),
     ([9] * 5, decoding_params(10, temperature=0.7, top_k=10, seed=11, no_repeat_ngram_size=3,
                               min_new_tokens=2)),

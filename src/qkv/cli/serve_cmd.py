@@ -10,6 +10,7 @@ by ``qkv --help``. Ctrl-C or SIGTERM stops taking requests and lets those in fli
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated
 
 import typer
@@ -23,28 +24,35 @@ NAME = "serve"
 
 
 def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16,
-          max_tokens: int = 1024, num_blocks: int | None = None,
-          device: str | None = None) -> None:  # fmt: skip
+          max_tokens: int = 1024, num_blocks: int | None = None, device: str | None = None,
+          api_key: str | None = None, access_log: bool = True) -> None:  # fmt: skip
     """Load ``model`` and serve it until SIGTERM / Ctrl-C (arguments as the command's options).
 
     Raises:
-        ValueError: not a language model, or one the paged KV cache cannot serve.
+        ValueError: not a language model, or one the paged KV cache cannot serve; an empty
+            API key.
         ImportError: fastapi or uvicorn missing.
+        OSError: the port cannot be taken (checked before the model loads).
     """
     from qkv import pretrained
     from qkv.generate.batching import BatchingEngine
-    from qkv.serve.run import run, web_stack
+    from qkv.serve.run import bind, run, web_stack
 
+    if api_key is not None and not api_key.strip():
+        raise ValueError("--api-key (or QKV_API_KEY) must not be empty; leave it unset for none")
     web_stack()  # fastapi and uvicorn there, before the model loads
-    console = Console(stderr=True, highlight=False)
-    with status(console, f"loading {model} ..."):
-        bundle = pretrained.load(model, device=device)
-    if not isinstance(bundle, pretrained.DecoderBundle):
-        raise ValueError(f"{model!r} is a sentence encoder, not a language model")
-    engine = BatchingEngine(bundle.model, eos_id=bundle.eos_id, max_batch=max_batch,
-                            num_blocks=num_blocks)  # fmt: skip
-    run(bundle, engine, host=host, port=port, max_tokens_limit=max_tokens,
-        announce=lambda line: console.print(line, markup=False))  # fmt: skip
+    sock = bind(host, port)  # the port taken before the model loads
+    with contextlib.closing(sock):
+        console = Console(stderr=True, highlight=False)
+        with status(console, f"loading {model} ..."):
+            bundle = pretrained.load(model, device=device)
+        if not isinstance(bundle, pretrained.DecoderBundle):
+            raise ValueError(f"{model!r} is a sentence encoder, not a language model")
+        engine = BatchingEngine(bundle.model, eos_id=bundle.eos_id, max_batch=max_batch,
+                                num_blocks=num_blocks)  # fmt: skip
+        run(bundle, engine, host=host, port=port, max_tokens_limit=max_tokens,
+            api_key=api_key, access_log=access_log, sock=sock,
+            announce=lambda line: console.print(line, markup=False))  # fmt: skip
 
 
 def command(
@@ -53,7 +61,7 @@ def command(
     )] = "SmolLM2-135M-Instruct",
     host: Annotated[str, typer.Option(
         "--host", help="The address to listen on (127.0.0.1: this machine only; 0.0.0.0 "
-        "opens it to the network, with no authentication).",
+        "opens it to the network: set --api-key).",
     )] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="The TCP port.")] = 8000,
     max_batch: Annotated[int, typer.Option(
@@ -68,14 +76,23 @@ def command(
         "its blocks are free.",
     )] = None,
     device: ModelDevice = None,
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", envvar="QKV_API_KEY", show_default=False, help="A key the /v1 routes "
+        "ask for ('Authorization: Bearer <key>'; 401 without it) \\[default: none; also read "
+        "from QKV_API_KEY].",
+    )] = None,
+    access_log: Annotated[bool, typer.Option(
+        "--access-log/--no-access-log", help="A log line per request.",
+    )] = True,
 ) -> None:
     """Serve a language model over HTTP with OpenAI's API (completions and chat), requests
     batched together.
 
-    POST /v1/completions and /v1/chat/completions (streaming or not), GET /v1/models and
-    /health. Ctrl-C or SIGTERM stops taking requests and lets those in flight finish.
+    POST /v1/completions and /v1/chat/completions (streaming or not), GET /v1/models,
+    /health and /metrics (Prometheus). Ctrl-C or SIGTERM stops taking requests and lets those
+    in flight finish.
 
     [bold]Example:[/bold] qkv serve SmolLM2-135M-Instruct --port 8000 --max-batch 16
     """
     serve(model, host=host, port=port, max_batch=max_batch, max_tokens=max_tokens,
-          num_blocks=num_blocks, device=device)
+          num_blocks=num_blocks, device=device, api_key=api_key, access_log=access_log)

@@ -36,7 +36,13 @@ from torch import nn
 
 from qkv.generate.args import ParamError
 from qkv.generate.controls import checked_controls
-from qkv.generate.engine import Request, SamplingParams, ShuttingDownError, check_prompt
+from qkv.generate.engine import (
+    Request,
+    SamplingParams,
+    ShuttingDownError,
+    TokenLogprob,
+    check_prompt,  # fmt: skip
+)
 from qkv.generate.sampling import Sampler
 from qkv.nn.paged_cache import PagedKVCache
 
@@ -233,7 +239,7 @@ class BatchingEngine:
         if token == self.eos_id or token in p.stop_ids:
             self._end(run, "stop")
             return False
-        run.request.emit(token)
+        run.request.emit(token, None if p.logprobs is None else _logprob(logits[0], token, p))
         run.last = token
         if run.history is not None:
             run.history[0, len(run.request.prompt) + new] = token
@@ -255,6 +261,17 @@ def _chooser(p: SamplingParams):
         return lambda logits: logits.argmax(-1)
     return Sampler(1, seed=p.seed, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
                    min_p=p.controls.min_p)  # fmt: skip
+
+
+def _logprob(logits: torch.Tensor, token: int, p: SamplingParams) -> TokenLogprob:
+    """``token``'s log-probability under ``logits (V,)`` (divided by the temperature when
+    sampling), and the ``p.logprobs`` most probable tokens' (finite ones only)."""
+    scaled = logits.float() if p.temperature == 0 else logits.float() / p.temperature  # (V,)
+    logp = scaled.log_softmax(-1)  # (V,)
+    values, ids = logp.topk(min(p.logprobs, logp.shape[-1]))  # (k,) each
+    top = tuple((int(i), float(v)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)
+                if v > float("-inf"))  # fmt: skip
+    return TokenLogprob(token, float(logp[token]), top)
 
 
 def _history(request: Request, device: torch.device) -> torch.Tensor | None:

@@ -24,7 +24,7 @@ from qkv.checks import is_int
 from qkv.generate.args import SEED_RANGE, ParamError, check_sampling, check_stops, positive_param
 from qkv.generate.controls import GenerationControls
 
-__all__ = ["Request", "SamplingParams", "ShuttingDownError", "decoding_params"]
+__all__ = ["Request", "SamplingParams", "ShuttingDownError", "TokenLogprob", "decoding_params"]
 
 _DONE = object()  # the end of a request's token stream
 _OFF = GenerationControls()  # no controls: nothing edits the logits
@@ -53,6 +53,11 @@ class SamplingParams:
             no-repeat n-grams, bad words, minimum length, min-p, forced EOS), applied to each
             step's ``(V,)`` logits from the request's own tokens (prompt + output); None or
             the default: off, and nothing is paid for them.
+        logprobs: None (off), or ``k >= 0``: the batching engine reports each new token's
+            log-probability and the ``k`` most probable tokens' (a :class:`TokenLogprob` per
+            token, ``Request.logprobs``), from the distribution the token was chosen from:
+            the logits after the controls, divided by the temperature when sampling (before
+            top-k, top-p and min-p cut them).
 
     Raises:
         ParamError: (a ``ValueError``) a field out of range; ``err.param`` names it.
@@ -66,6 +71,7 @@ class SamplingParams:
     stop_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
     controls: GenerationControls = _OFF
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         positive_param("max_new_tokens", self.max_new_tokens)
@@ -86,6 +92,9 @@ class SamplingParams:
             raise ParamError("controls", f" must be a GenerationControls or None, got "
                              f"{type(controls).__name__}")  # fmt: skip
         object.__setattr__(self, "controls", controls)
+        if self.logprobs is not None and (not is_int(self.logprobs) or self.logprobs < 0):
+            raise ParamError("logprobs", f" must be None or an int >= 0 (how many of the most "
+                             f"probable tokens to report), got {self.logprobs!r:.80}")  # fmt: skip
 
     @property
     def edits_logits(self) -> bool:
@@ -105,6 +114,9 @@ class SamplingParams:
         if self.stop_ids:
             raise ParamError("stop_ids", f" are read by the batching engine only; qkv.generate's "
                              f"methods stop at eos_id, got {self.stop_ids!r:.80}")  # fmt: skip
+        if self.logprobs is not None:
+            raise ParamError("logprobs", f" are reported by the batching engine only, got "
+                             f"{self.logprobs!r}")  # fmt: skip
         out: dict[str, Any] = dict(max_new_tokens=self.max_new_tokens,
                                    temperature=self.temperature, top_k=self.top_k,
                                    top_p=self.top_p, seed=self.seed)  # fmt: skip
@@ -119,13 +131,14 @@ def decoding_params(
     max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int | None = None,
     top_p: float | None = None, seed: int | None = None, stop: str | Sequence[str] | None = (),
     stop_ids: Sequence[int] = (), controls: GenerationControls | None = None,
-    **fields: Any,
+    logprobs: int | None = None, **fields: Any,
 ) -> SamplingParams:  # fmt: skip
     """The :class:`SamplingParams` of these options: the one way a command, the server and
     the Python API turn what they were given into the record.
 
     Args:
-        max_new_tokens, temperature, top_k, top_p, seed, stop_ids: as :class:`SamplingParams`.
+        max_new_tokens, temperature, top_k, top_p, seed, stop_ids, logprobs: as
+            :class:`SamplingParams`.
         stop: a stop string, several, or None / ``()``: none.
         controls: a :class:`~qkv.generate.controls.GenerationControls`, or None.
         **fields: the controls' fields one by one instead (``repetition_penalty=1.3``,
@@ -146,7 +159,24 @@ def decoding_params(
     if given:
         controls = GenerationControls(**given)
     return SamplingParams(max_new_tokens, temperature, top_k, top_p, seed, tuple(stop_ids),
-                          () if stop is None else stop, controls)  # fmt: skip
+                          () if stop is None else stop, controls, logprobs)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One new token's log-probability (natural log), and the most probable tokens' at its
+    step (:attr:`SamplingParams.logprobs` of them, most probable first; ``-inf`` ones, banned
+    by the controls, left out).
+
+    Attributes:
+        token: the token chosen.
+        logprob: its log-probability.
+        top: ``(token id, log-probability)`` pairs.
+    """
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 _ids = itertools.count()
@@ -160,6 +190,8 @@ class Request:
         prompt: the prompt's token ids.
         params: its :class:`SamplingParams`.
         output: the new token ids so far (EOS / stop ids left out).
+        logprobs: a :class:`TokenLogprob` per new token when ``params.logprobs`` asks for
+            them (else empty).
         finish_reason: None while running, then ``"stop"`` (EOS or a stop id), ``"length"``
             (``max_new_tokens``), ``"cancelled"`` or ``"error"``.
         error: the exception that ended it, for ``"error"``.
@@ -169,6 +201,7 @@ class Request:
     params: SamplingParams
     id: int = field(default_factory=lambda: next(_ids))
     output: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     error: BaseException | None = None
     _queue: queue.Queue = field(default_factory=queue.Queue, repr=False)
@@ -182,9 +215,11 @@ class Request:
         """Ask the engine to stop this request (it ends with ``"cancelled"``)."""
         self._cancel.set()
 
-    def emit(self, token: int) -> None:
-        """(Engine side) one more new token."""
+    def emit(self, token: int, logprob: TokenLogprob | None = None) -> None:
+        """(Engine side) one more new token (and its log-probability, when asked for)."""
         self.output.append(token)
+        if logprob is not None:
+            self.logprobs.append(logprob)
         self._queue.put(token)
 
     def finish(self, reason: str, error: BaseException | None = None) -> None:

@@ -1,23 +1,23 @@
 """The HTTP application of ``qkv serve``: OpenAI's completions and chat API on qkv's
 continuous-batching engine (:class:`~qkv.generate.batching.BatchingEngine`).
 
-Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions`` and
-``POST /v1/chat/completions``, with and without ``"stream": true`` (server-sent events, then
-``data: [DONE]``). Requests are checked in :mod:`qkv.serve.requests`, their text
-streamed by :class:`~qkv.pretrained.stop_text.TextStream`, answered in the objects of
-:mod:`qkv.serve.replies`.
+Routes: ``GET /health``, ``GET /metrics`` (Prometheus, :mod:`qkv.serve.metrics`),
+``GET /v1/models``, ``POST /v1/completions`` and ``POST /v1/chat/completions``, with and
+without ``"stream": true`` (server-sent events, then ``data: [DONE]``). With an API key, the
+``/v1`` routes need ``Authorization: Bearer <key>`` (compared in constant time; 401 without).
 
 How a request flows:
 
-1. The body is read (at most ``max_request_bytes``) and checked into a ``Job``, and the job
-   into the request's :class:`~qkv.generate.engine.SamplingParams` by
-   :func:`~qkv.generate.engine.decoding_params` (the one way ``qkv generate``, ``qkv chat`` and
-   the Python API build it too).
+1. The body is read (at most ``max_request_bytes``) and checked into a
+   :class:`~qkv.serve.requests.Job`, and the job into one
+   :class:`~qkv.generate.engine.SamplingParams` per choice by
+   :func:`~qkv.generate.engine.decoding_params` (the one way ``qkv generate``, ``qkv chat``
+   and the Python API build it too).
 2. The prompt is tokenized (a chat through the model's template) in a worker thread.
-3. The engine gets the ids; a thread per request moves its tokens from the engine's
-   blocking iterator onto an asyncio queue, which the handler awaits.
-4. Between tokens (and every :data:`POLL_S` while none comes) the handler asks whether the
-   client is still there; when it left, the request is cancelled and its blocks freed.
+3. The engine gets one request per choice; :mod:`qkv.serve.flow` merges their tokens onto
+   one asyncio queue, turns them into text and answers whole or streamed, cancelling every
+   request of an answer whose client left.
+4. The answer's numbers go to the metrics.
 
 The app owns the engine's run time: started with the app, shut down when the server stops
 (uvicorn first stops accepting and lets the responses in flight finish).
@@ -25,10 +25,9 @@ The app owns the engine's run time: started with the app, shut down when the ser
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
-import threading
+import hmac
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -36,20 +35,21 @@ from typing import Any
 import anyio
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from qkv.generate.args import ParamError
-from qkv.generate.engine import Request, ShuttingDownError, decoding_params
+from qkv.generate.args import SEED_RANGE, ParamError
+from qkv.generate.engine import ShuttingDownError, decoding_params
 from qkv.pretrained.stop_text import TextStream
-from qkv.serve.replies import Reply, sse
+from qkv.serve import flow
+from qkv.serve.logprobs import TokenBytes
+from qkv.serve.metrics import ServeMetrics
+from qkv.serve.replies import Reply
 from qkv.serve.requests import ApiError, Job, parse_job, read_json
 
 __all__ = ["make_app"]
 
-POLL_S = 0.25  # how often a request waiting for tokens checks that its client is still there
 ENGINE_STOP_S = 30.0  # how long the engine may take to finish its requests at shutdown
-_END = object()  # a request's last item on its queue
 # The library's names of the options whose API field is named otherwise.
 API_FIELDS = {"max_new_tokens": "max_tokens"}
 
@@ -57,6 +57,7 @@ API_FIELDS = {"max_new_tokens": "max_tokens"}
 def make_app(
     bundle: Any, engine: Any, *, max_tokens_limit: int = 1024,
     max_request_bytes: int = 1_000_000, model_name: str | None = None,
+    api_key: str | None = None,
 ) -> FastAPI:  # fmt: skip
     """An OpenAI-compatible app serving ``bundle``'s model through ``engine``.
 
@@ -67,12 +68,13 @@ def make_app(
         max_tokens_limit: the most ``max_tokens`` a request may ask for.
         max_request_bytes: the longest request body (longer: 413).
         model_name: the model's name in the API (default: ``bundle.name``).
+        api_key: the key the ``/v1`` routes ask for (None: none asked).
 
     Returns:
         The FastAPI app, for uvicorn (or any ASGI server).
     """
     server = _Server(bundle, engine, model_name or bundle.name, max_tokens_limit,
-                     max_request_bytes)  # fmt: skip
+                     max_request_bytes, api_key)  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -81,10 +83,15 @@ def make_app(
         await anyio.to_thread.run_sync(functools.partial(engine.shutdown, timeout=ENGINE_STOP_S))
 
     app = FastAPI(title="qkv serve", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(ApiError, server.api_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.get("/health")(server.health)
-    app.get("/v1/models")(server.models)
+    app.get("/metrics")(server.metrics_text)
+
+    @app.get("/v1/models")
+    async def models(http_request: HttpRequest) -> Any:
+        server.authorize(http_request)
+        return server.models()
 
     @app.post("/v1/completions", response_model=None)
     async def completions(http_request: HttpRequest) -> Any:
@@ -95,11 +102,6 @@ def make_app(
         return await server.answer(http_request, chat=True)
 
     return app
-
-
-async def _api_error(_: HttpRequest, err: Exception) -> JSONResponse:
-    assert isinstance(err, ApiError)
-    return JSONResponse(err.body(), status_code=err.status)
 
 
 async def _http_error(_: HttpRequest, err: Exception) -> JSONResponse:
@@ -114,45 +116,100 @@ class _Server:
     """The handlers, over one bundle and engine."""
 
     def __init__(self, bundle: Any, engine: Any, name: str, max_tokens_limit: int,
-                 max_request_bytes: int) -> None:  # fmt: skip
+                 max_request_bytes: int, api_key: str | None) -> None:  # fmt: skip
         self.bundle, self.engine, self.name = bundle, engine, name
         self.max_tokens_limit, self.max_request_bytes = max_tokens_limit, max_request_bytes
+        self.key = None if api_key is None else f"Bearer {api_key}".encode()
         self.created = int(time.time())
+        self.metrics = ServeMetrics(engine)
+        self.token_bytes = TokenBytes(bundle.tokenizer) if bundle.tokenizer is not None else None
 
     async def health(self) -> dict[str, str]:
         return {"status": "ok"}
 
-    async def models(self) -> dict[str, Any]:
+    async def metrics_text(self) -> Response:
+        text, media = self.metrics.render()
+        return Response(text, media_type=media)
+
+    async def api_error(self, _: HttpRequest, err: Exception) -> JSONResponse:
+        assert isinstance(err, ApiError)
+        self.metrics.refused(err.status)
+        headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+        return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+    def authorize(self, http_request: HttpRequest) -> None:
+        """Raises ApiError 401 unless the request carries the API key (when one is set)."""
+        if self.key is None:
+            return
+        given = http_request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, self.key):
+            what = "no Authorization header" if not given else "a wrong key"
+            raise ApiError(401, f"this server needs an API key ('Authorization: Bearer <key>'), "
+                           f"got {what}", kind="invalid_request_error",
+                           code="invalid_api_key")  # fmt: skip
+
+    def models(self) -> dict[str, Any]:
         model = {"id": self.name, "object": "model", "created": self.created, "owned_by": "qkv"}
         return {"object": "list", "data": [model]}
 
     async def answer(self, http_request: HttpRequest, *, chat: bool) -> Any:
-        """A completion or chat completion, whole or streamed."""
+        """A completion or chat completion, whole or streamed, with its choices."""
+        arrived = time.monotonic()
+        self.authorize(http_request)
         body = await read_json(http_request, self.max_request_bytes)
         job = parse_job(body, chat=chat, max_tokens_limit=self.max_tokens_limit)
         if job.model is not None and job.model != self.name:
             raise ApiError(404, f"'model' must be {self.name!r} (the model served here), got "
                            f"{job.model!r}", "model", kind="not_found_error")  # fmt: skip
-        params = _refused(lambda: decoding_params(
-            job.max_tokens, temperature=job.temperature, top_k=job.top_k, top_p=job.top_p,
-            seed=job.seed, stop=job.stop))  # fmt: skip
+        params = [_refused(lambda i=i: decoding_params(job.max_tokens, seed=_seed(job.seed, i),
+                                                       **job.decoding()))
+                  for i in range(job.n)]  # fmt: skip
         ids = await anyio.to_thread.run_sync(self._prompt_ids, job, chat)
-        request = _refused(lambda: self.engine.submit(ids, params))
-        reply = Reply(chat, self.name, len(ids))
-        tokens = _tokens(request, http_request)
-        stream = TextStream(self._decode, params.stop)
+        requests = self._submit(ids, params)
+        asked = self.token_bytes if job.logprobs is not None else None
+        reply = Reply(chat, self.name, len(ids), asked)
+        prefix = self._echo(job, ids)
+        choices = [flow.Choice(i, r, TextStream(self._decode, p.stop), prefix)
+                   for i, (r, p) in enumerate(zip(requests, params, strict=True))]  # fmt: skip
+        tokens = flow.tokens(requests, http_request)
         if job.stream:
-            events = _events(reply, tokens, stream, request, job.include_usage)
+            events = self._recorded(flow.events(reply, choices, tokens, job.include_usage),
+                                    arrived, len(ids), choices)  # fmt: skip
             return StreamingResponse(events, media_type="text/event-stream")
-        async with contextlib.aclosing(tokens):
-            async for token in tokens:
-                stream.push(token)
-                if stream.stopped:
-                    break
-        stream.close()
-        if request.finish_reason == "error":
-            raise ApiError(500, f"generation failed: {request.error}", kind="server_error")
-        return reply.whole(stream.text, _reason(stream, request), len(stream.ids))
+        try:
+            await flow.collect(choices, tokens)
+        finally:
+            self.metrics.answered(arrived, len(ids), choices)
+        out = [reply.choice(c.index, c.prefix + c.stream.text, c.reason, c.new_logprobs(reply))
+               for c in choices]  # fmt: skip
+        return reply.whole(out, sum(len(c.stream.ids) for c in choices))
+
+    async def _recorded(self, events: AsyncIterator[str], arrived: float, prompt_tokens: int,
+                        choices: list[flow.Choice]) -> AsyncIterator[str]:  # fmt: skip
+        """``events``, with the answer's numbers recorded when they end."""
+        try:
+            async for event in events:
+                yield event
+        finally:
+            self.metrics.answered(arrived, prompt_tokens, choices)
+
+    def _submit(self, ids: list[int], params: list[Any]) -> list[Any]:
+        """One engine request per choice (all or none: a refusal cancels those submitted)."""
+        requests: list[Any] = []
+        try:
+            for p in params:
+                requests.append(_refused(lambda p=p: self.engine.submit(ids, p)))
+        except ApiError:
+            for r in requests:
+                r.cancel()
+            raise
+        return requests
+
+    def _echo(self, job: Job, ids: list[int]) -> str:
+        """The text a completion echoes first: its prompt (``echo``), else nothing."""
+        if not job.echo:
+            return ""
+        return job.prompt if isinstance(job.prompt, str) else self._decode(ids)
 
     def _decode(self, ids: list[int]) -> str:
         return self.bundle.tokenizer.decode(ids, skip_special_tokens=True)
@@ -194,71 +251,9 @@ def _refused(make: Any) -> Any:
         raise ApiError(400, str(err)) from None
 
 
-def _reason(stream: TextStream, request: Request) -> str | None:
-    return "stop" if stream.stopped else request.finish_reason
-
-
-async def _events(reply: Reply, tokens: AsyncIterator[int], stream: TextStream,
-                  request: Request, include_usage: bool) -> AsyncIterator[str]:  # fmt: skip
-    """The server-sent events of a streamed answer."""
-    if reply.chat:
-        yield reply.chunk(None, first=True)
-    async with contextlib.aclosing(tokens):
-        try:
-            async for token in tokens:
-                if piece := stream.push(token):
-                    yield reply.chunk(piece)
-                if stream.stopped:
-                    break
-        except RuntimeError as err:  # the engine failed on this request
-            error = ApiError(500, f"generation failed: {err}", kind="server_error")
-            yield sse(error.body())
-            yield sse("[DONE]")
-            return
-    if piece := stream.close():
-        yield reply.chunk(piece)
-    yield reply.chunk(None, _reason(stream, request))
-    if include_usage:
-        yield reply.usage_chunk(len(stream.ids))
-    yield sse("[DONE]")
-
-
-def _feed(request: Request) -> asyncio.Queue:
-    """A queue that a thread fills with ``request``'s tokens, then ``_END`` (or the error)."""
-    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-
-    def pump() -> None:
-        item: object = _END
-        try:
-            for token in request.tokens():
-                loop.call_soon_threadsafe(queue.put_nowait, token)
-        except Exception as err:  # handed to the handler, which reports it
-            item = err
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody is listening
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
-    threading.Thread(target=pump, name=f"qkv-serve-{request.id}", daemon=True).start()
-    return queue
-
-
-async def _tokens(request: Request, http_request: HttpRequest) -> AsyncIterator[int]:
-    """``request``'s tokens as they come; cancels it when the client leaves (checked between
-    tokens and every :data:`POLL_S`) or when the caller stops early."""
-    queue = _feed(request)
-    try:
-        while True:
-            try:
-                item = await asyncio.wait_for(queue.get(), POLL_S)
-            except asyncio.TimeoutError:
-                item = None
-            if item is _END:
-                return
-            if isinstance(item, Exception):
-                raise item
-            if item is not None:
-                yield item
-            if await http_request.is_disconnected():
-                return
-    finally:
-        if request.finish_reason is None:
-            request.cancel()
+def _seed(seed: int | None, index: int) -> int | None:
+    """Choice ``index``'s seed: ``seed + index``, wrapped into the range seeds take."""
+    if seed is None:
+        return None
+    low, high = SEED_RANGE
+    return low + (seed - low + index) % (high - low + 1)

@@ -1,52 +1,53 @@
-"""What a request to ``qkv serve`` asks for: the JSON body read once, every OpenAI field checked,
-and the result one frozen :class:`Job`.
+"""What a request to ``qkv serve`` asks for: the JSON body read once, every field checked, and
+the result one frozen :class:`Job`.
 
-A bad request is one :class:`ApiError`, which the app answers as OpenAI does::
+Every field of OpenAI's completions and chat-completions APIs is either *used*, *accepted with
+no effect on the answer* (:data:`NO_EFFECT`: who the user is, metadata, cache hints), or
+*refused* with a 400 naming it unless left at its default (:data:`UNSUPPORTED`); a field
+neither API has is refused too (:data:`EXTRAS` are the few beyond OpenAI's that this server
+takes, as vLLM does). Nothing a client asks for is silently ignored.
 
-    {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens",
-               "code": null}}
-
-The message names the field, what it must be, and what was received (a JSON type, or the
-value). Status codes: 400 for a malformed or invalid body, 413 for a body over the server's
-limit, 404 for another model's name.
+Errors are :class:`~qkv.serve.fields.ApiError` (re-exported here), built by the checks of
+:mod:`qkv.serve.fields`.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 from typing import Any
+
+from qkv.serve.fields import ApiError, flag, is_int, kind, number, read_json, shown, text
 
 __all__ = ["ApiError", "Job", "parse_job", "read_json"]
 
 MAX_STOPS = 4  # OpenAI's limit on stop strings
+MAX_CHOICES = 16  # the most choices (`n`) one request may ask for
+MAX_TOP_LOGPROBS = {"chat": 20, "completions": 5}  # OpenAI's limits on the alternatives shown
 ROLES = ("system", "developer", "user", "assistant", "tool")
-# Fields of OpenAI's API this server does not implement: refused unless left at their default.
-UNSUPPORTED = {"echo": (None, False), "logprobs": (None, False, 0), "best_of": (None, 1),
-               "suffix": (None, ""), "tools": (None, []), "logit_bias": (None, {})}  # fmt: skip
-_JSON_TYPES = {str: "a string", bool: "a boolean", int: "an integer", float: "a number",
-               list: "an array", dict: "an object", type(None): "null"}  # fmt: skip
-
-
-class ApiError(Exception):
-    """A request the server refuses: an HTTP status and OpenAI's error object.
-
-    Args:
-        status: the HTTP status (400, 404, 413, 500, 503).
-        message: what is wrong, naming the field and the value received.
-        param: the field at fault (None: the request as a whole).
-        kind: OpenAI's error ``type``.
-    """
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 kind: str = "invalid_request_error") -> None:  # fmt: skip
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": None}}  # fmt: skip
+COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options",
+          "stop", "seed", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
+          "user"}  # fmt: skip
+FIELDS = {
+    "completions": COMMON | {"prompt", "echo", "best_of", "suffix"},
+    "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs", "metadata", "store",
+                      "service_tier", "safety_identifier", "prompt_cache_key",
+                      "parallel_tool_calls", "tools", "tool_choice", "functions",
+                      "function_call", "response_format", "modalities", "audio", "prediction",
+                      "reasoning_effort", "verbosity", "web_search_options"},
+}  # fmt: skip
+# Beyond OpenAI's fields, as vLLM's server takes them: the sampling filters and the CTRL
+# repetition penalty of qkv.generate.
+EXTRAS = {"top_k", "min_p", "repetition_penalty"}
+# Accepted with no effect on the answer (checked for their JSON type only).
+NO_EFFECT = {"user": str, "metadata": dict, "safety_identifier": str, "prompt_cache_key": str,
+             "service_tier": str, "parallel_tool_calls": bool}  # fmt: skip
+# Not implemented: refused unless left at one of these defaults.
+UNSUPPORTED = {"best_of": (None, 1), "suffix": (None, ""), "tools": (None, []),
+               "tool_choice": (None, "none"), "functions": (None, []),
+               "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
+               "store": (None, False), "modalities": (None, ["text"]), "audio": (None,),
+               "prediction": (None,), "reasoning_effort": (None,), "verbosity": (None,),
+               "web_search_options": (None,)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -56,12 +57,19 @@ class Job:
     Attributes:
         prompt: the completion prompt (text or token ids), or the chat's messages
             (``[{"role", "content"}]`` with text content).
-        max_tokens: the most new tokens.
-        temperature, top_p, top_k, seed: decoding (temperature 0: greedy).
+        max_tokens: the most new tokens (each choice).
+        temperature, top_p, top_k, min_p, seed: decoding (temperature 0: greedy).
         stop: strings that end the text (cut before them).
         stream: answer with server-sent events.
         include_usage: streaming: a last chunk with the token counts.
         model: the model the client named (None: not given).
+        n: how many choices (each decoded as its own request; choice ``i`` seeded ``seed + i``).
+        frequency_penalty, presence_penalty, logit_bias, repetition_penalty: the controls of
+            :class:`~qkv.generate.controls.GenerationControls` (``logit_bias`` as
+            ``(id, bias)`` pairs).
+        logprobs: None, or how many of the most probable tokens to show beside each token's
+            log-probability (chat: ``top_logprobs``; completions: ``logprobs``).
+        echo: completions: the answer starts with the prompt's text.
     """
 
     prompt: str | list[int] | list[dict[str, str]]
@@ -74,72 +82,118 @@ class Job:
     stream: bool = False
     include_usage: bool = False
     model: str | None = None
+    n: int = 1
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    logprobs: int | None = None
+    echo: bool = False
 
-
-async def read_json(http_request: Any, max_bytes: int) -> dict[str, Any]:
-    """The body of ``http_request`` (a Starlette request) as a JSON object, read up to
-    ``max_bytes`` (a longer body is refused as soon as it passes the limit).
-
-    Raises:
-        ApiError: 413 for a body over ``max_bytes``; 400 for a body that is not a JSON object.
-    """
-    declared = http_request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
-        raise _too_large(int(declared), max_bytes)
-    chunks, size = [], 0
-    async for chunk in http_request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise _too_large(size, max_bytes)
-        chunks.append(chunk)
-    try:
-        body = json.loads(b"".join(chunks))
-    except ValueError as err:  # (UnicodeDecodeError is a ValueError)
-        raise ApiError(400, f"the body must be JSON, got a parse error: {err}", "body") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, f"the body must be a JSON object, got {_kind(body)}", "body")
-    return body
-
-
-def _too_large(size: int, limit: int) -> ApiError:
-    return ApiError(413, f"the body must be at most {limit} bytes, got {size} or more", "body",
-                    kind="request_too_large")  # fmt: skip
+    def decoding(self) -> dict[str, Any]:
+        """The keywords of :func:`~qkv.generate.engine.decoding_params` this job asks for
+        (the seed aside: each choice has its own)."""
+        return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                    stop=self.stop, logprobs=self.logprobs, min_p=self.min_p,
+                    repetition_penalty=self.repetition_penalty,
+                    frequency_penalty=self.frequency_penalty or None,
+                    presence_penalty=self.presence_penalty or None,
+                    logit_bias=self.logit_bias or None)  # fmt: skip
 
 
 def parse_job(body: dict[str, Any], *, chat: bool, max_tokens_limit: int) -> Job:
     """Check a completions (``chat=False``) or chat-completions body; return its :class:`Job`.
 
-    Unknown fields are ignored, as OpenAI-compatible servers do; the fields of
-    :data:`UNSUPPORTED` are refused unless left at their default.
-
     Raises:
-        ApiError: 400 naming the first field that is missing, of the wrong type or out of range.
+        ApiError: 400 naming the first field that is unknown, not supported, missing, of the
+            wrong type or out of range.
     """
-    for name, defaults in UNSUPPORTED.items():
-        if name in body and body[name] not in defaults:
-            raise ApiError(400, f"'{name}' is not supported by this server, got "
-                           f"{_shown(body[name])}", name)  # fmt: skip
-    n = _number(body, "n", int, 1)
-    if n != 1:
-        raise ApiError(400, f"'n' must be 1 (one choice per request), got {n}", "n")
+    _check_names(body, "chat" if chat else "completions")
     prompt = _messages(body) if chat else _prompt(body)
     default_tokens = max_tokens_limit if chat else 16  # OpenAI's defaults: no limit / 16
     name = "max_completion_tokens" if chat and body.get("max_tokens") is None else "max_tokens"
-    max_tokens = _number(body, name, int, default_tokens, low=1, high=max_tokens_limit)
-    temperature = _number(body, "temperature", float, 1.0, low=0.0, high=2.0)
-    top_p = _number(body, "top_p", float, None, low=0.0, high=1.0)
+    max_tokens = number(body, name, int, default_tokens, low=1, high=max_tokens_limit)
+    temperature = number(body, "temperature", float, 1.0, low=0.0, high=2.0)
+    top_p = number(body, "top_p", float, None, low=0.0, high=1.0)
     if top_p == 0.0:
         raise ApiError(400, "'top_p' must lie in (0, 1], got 0", "top_p")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
-        raise ApiError(400, f"'stream_options' must be an object, got {_kind(options)}",
+        raise ApiError(400, f"'stream_options' must be an object, got {kind(options)}",
                        "stream_options")  # fmt: skip
+    echo = flag(body, "echo")
+    logprobs = _logprobs(body, chat)
+    if echo and logprobs is not None:
+        raise ApiError(400, "'echo' with 'logprobs' (the prompt's log-probabilities) is not "
+                       "supported by this server; ask for one of them", "echo")  # fmt: skip
     return Job(prompt, max_tokens, temperature, top_p,
-               top_k=_number(body, "top_k", int, None, low=1),
-               seed=_number(body, "seed", int, None, low=-(2**63), high=2**64 - 1),
-               stop=_stops(body), stream=_flag(body, "stream"),
-               include_usage=_flag(options, "include_usage", "stream_options.include_usage"),
-               model=_text(body, "model"))  # fmt: skip
+               top_k=number(body, "top_k", int, None, low=1),
+               seed=number(body, "seed", int, None, low=-(2**63), high=2**64 - 1),
+               stop=_stops(body), stream=flag(body, "stream"),
+               include_usage=flag(options, "include_usage", "stream_options.include_usage"),
+               model=text(body, "model"), n=number(body, "n", int, 1, low=1, high=MAX_CHOICES),
+               frequency_penalty=number(body, "frequency_penalty", float, 0.0, low=-2, high=2),
+               presence_penalty=number(body, "presence_penalty", float, 0.0, low=-2, high=2),
+               logit_bias=_logit_bias(body),
+               repetition_penalty=number(body, "repetition_penalty", float, None, low=0),
+               min_p=number(body, "min_p", float, None, low=0, high=1),
+               logprobs=logprobs, echo=echo)  # fmt: skip
+
+
+def _check_names(body: dict[str, Any], api: str) -> None:
+    """Refuse a field neither the API nor :data:`EXTRAS` has, one of :data:`UNSUPPORTED` away
+    from its defaults, one of :data:`NO_EFFECT` of the wrong JSON type."""
+    for name, value in body.items():
+        if name not in FIELDS[api] and name not in EXTRAS:
+            where = "chat completions" if api == "chat" else "completions"
+            raise ApiError(400, f"'{name}' is not a field of the {where} API this server "
+                           f"knows (refused rather than ignored), got {shown(value)}",
+                           name)  # fmt: skip
+        if name in UNSUPPORTED and value not in UNSUPPORTED[name]:
+            raise ApiError(400, f"'{name}' is not supported by this server, got "
+                           f"{shown(value)}", name)  # fmt: skip
+        if name in NO_EFFECT and value is not None and not isinstance(value, NO_EFFECT[name]):
+            raise ApiError(400, f"'{name}' must be {kind(NO_EFFECT[name]())}, got "
+                           f"{shown(value)}", name)  # fmt: skip
+
+
+def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
+    """How many alternatives to show beside each token's log-probability, or None (off):
+    chat's ``logprobs`` (a boolean) and ``top_logprobs``; completions' ``logprobs`` (a
+    count)."""
+    if not chat:
+        return number(body, "logprobs", int, None, low=0, high=MAX_TOP_LOGPROBS["completions"])
+    top = number(body, "top_logprobs", int, None, low=0, high=MAX_TOP_LOGPROBS["chat"])
+    if not flag(body, "logprobs"):
+        if top is not None:
+            raise ApiError(400, f"'top_logprobs' needs 'logprobs': true, got 'top_logprobs'="
+                           f"{top} without it", "top_logprobs")  # fmt: skip
+        return None
+    return top or 0
+
+
+def _logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    """``logit_bias``: an object of token ids (as strings, JSON's keys) to biases in
+    [-100, 100]."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return ()
+    if not isinstance(bias, dict):
+        raise ApiError(400, f"'logit_bias' must be an object of token ids to numbers, got "
+                       f"{shown(bias)}", "logit_bias")  # fmt: skip
+    pairs = []
+    for key, value in bias.items():
+        param = f"logit_bias.{key}"
+        if not key.isdigit():
+            raise ApiError(400, f"'{param}': the keys of 'logit_bias' must be token ids "
+                           f"(digits), got {key!r}", param)  # fmt: skip
+        if not isinstance(value, int | float) or isinstance(value, bool) or not (
+                -100 <= value <= 100):  # fmt: skip  (NaN and infinities fail the range)
+            raise ApiError(400, f"'{param}' must be a number in [-100, 100], got "
+                           f"{shown(value)}", param)  # fmt: skip
+        pairs.append((int(key), float(value)))
+    return tuple(sorted(pairs))
 
 
 def _prompt(body: dict[str, Any]) -> str | list[int]:
@@ -153,10 +207,10 @@ def _prompt(body: dict[str, Any]) -> str | list[int]:
         if not prompt:
             raise ApiError(400, "'prompt' must not be empty", "prompt")
         return prompt
-    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+    if isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt):
         return prompt
     raise ApiError(400, "'prompt' must be a non-empty string or list of token ids (one prompt "
-                   f"per request), got {_shown(prompt)}", "prompt")  # fmt: skip
+                   f"per request), got {shown(prompt)}", "prompt")  # fmt: skip
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
@@ -164,18 +218,18 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
     text parts ``[{"type": "text", "text": ...}]`` joined)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        got = "nothing" if messages is None else _shown(messages)
+        got = "nothing" if messages is None else shown(messages)
         raise ApiError(400, f"'messages' must be a non-empty array of messages, got {got}",
                        "messages")  # fmt: skip
     out = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
-            raise ApiError(400, f"'{where}' must be an object, got {_kind(message)}", where)
+            raise ApiError(400, f"'{where}' must be an object, got {kind(message)}", where)
         role = message.get("role")
         if role not in ROLES:
             raise ApiError(400, f"'{where}.role' must be one of {', '.join(ROLES)}, got "
-                           f"{_shown(role)}", f"{where}.role")  # fmt: skip
+                           f"{shown(role)}", f"{where}.role")  # fmt: skip
         out.append({"role": role, "content": _content(message.get("content"), where)})
     return out
 
@@ -189,7 +243,7 @@ def _content(content: object, where: str) -> str:
     ):
         return "".join(p["text"] for p in content)
     raise ApiError(400, f"'{where}.content' must be a string or a list of text parts, got "
-                   f"{_shown(content)}", f"{where}.content")  # fmt: skip
+                   f"{shown(content)}", f"{where}.content")  # fmt: skip
 
 
 def _stops(body: dict[str, Any]) -> tuple[str, ...]:
@@ -198,53 +252,5 @@ def _stops(body: dict[str, Any]) -> tuple[str, ...]:
     if (not isinstance(stops, list) or len(stops) > MAX_STOPS
             or not all(isinstance(s, str) and s for s in stops)):  # fmt: skip
         raise ApiError(400, f"'stop' must be a non-empty string or a list of at most "
-                       f"{MAX_STOPS} of them, got {_shown(stop)}", "stop")  # fmt: skip
+                       f"{MAX_STOPS} of them, got {shown(stop)}", "stop")  # fmt: skip
     return tuple(stops)
-
-
-def _number(body: dict[str, Any], name: str, kind: type, default: Any, *,
-            low: float | None = None, high: float | None = None) -> Any:  # fmt: skip
-    """Field ``name`` as an int (``kind=int``) or a finite number, within ``[low, high]``."""
-    value = body.get(name)
-    if value is None:
-        return default
-    ok = _is_int(value) or (kind is float and isinstance(value, float) and math.isfinite(value))
-    if not ok:
-        what = "an integer" if kind is int else "a number"
-        raise ApiError(400, f"'{name}' must be {what}, got {_shown(value)}", name)
-    if (low is not None and value < low) or (high is not None and value > high):
-        span = f"at least {low}" if high is None else f"in [{low}, {high}]"
-        if name.startswith("max_") and high is not None:
-            span = f"between {low} and {high} (this server's limit)"
-        raise ApiError(400, f"'{name}' must be {span}, got {value}", name)
-    return kind(value)
-
-
-def _flag(body: dict[str, Any], name: str, param: str | None = None) -> bool:
-    value = body.get(name)
-    if value is not None and not isinstance(value, bool):
-        raise ApiError(400, f"'{param or name}' must be a boolean, got {_shown(value)}",
-                       param or name)  # fmt: skip
-    return bool(value)
-
-
-def _text(body: dict[str, Any], name: str) -> str | None:
-    value = body.get(name)
-    if value is not None and not isinstance(value, str):
-        raise ApiError(400, f"'{name}' must be a string, got {_shown(value)}", name)
-    return value
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _kind(value: object) -> str:
-    """The JSON type of ``value``, in words."""
-    return _JSON_TYPES.get(type(value), type(value).__name__)
-
-
-def _shown(value: object) -> str:
-    """``value`` for an error message: its JSON type and, when short, itself."""
-    text = json.dumps(value)
-    return _kind(value) + (f" {text}" if len(text) <= 40 else "")

@@ -1,5 +1,8 @@
 """The serving app under uvicorn: listening, a graceful stop, the engine shut down after.
 
+Listening: :func:`bind` takes the port first, before a model loads, so a port in use is one
+clear error at once; uvicorn then serves on that socket.
+
 Stopping: SIGTERM or Ctrl-C makes uvicorn stop accepting connections and wait (up to
 :data:`GRACE_S`) for the responses in flight to finish; then the app's lifespan shuts the
 engine down. A second Ctrl-C stops at once.
@@ -8,6 +11,7 @@ engine down. A second Ctrl-C stops at once.
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -15,7 +19,7 @@ if TYPE_CHECKING:
     from qkv.generate.batching import BatchingEngine
     from qkv.pretrained.bundle import DecoderBundle
 
-__all__ = ["GRACE_S", "run", "web_stack"]
+__all__ = ["GRACE_S", "bind", "run", "web_stack"]
 
 GRACE_S = 60  # how long the responses in flight may take to finish after SIGTERM / Ctrl-C
 
@@ -28,33 +32,61 @@ def web_stack() -> tuple[object, object]:
 
         from qkv.serve.app import make_app
     except ImportError as err:
-        raise ImportError(f"qkv serve needs fastapi and uvicorn ({err.name!r} is missing): "
-                          "pip install 'qkv[serve]'") from None  # fmt: skip
+        raise ImportError(f"qkv serve needs fastapi, uvicorn and prometheus-client ({err.name!r} "
+                          "is missing): pip install 'qkv[serve]'") from None  # fmt: skip
     return make_app, uvicorn
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: a free one), as uvicorn would open it.
+
+    Raises:
+        OSError: the address cannot be taken (in use, not this machine's), saying which.
+    """
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as err:
+        raise OSError(f"--host {host!r}: not an address to listen on ({err})") from None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        raise OSError(f"--port {port}: cannot listen on {host}:{port} ({err.strerror or err}); "
+                      "choose another port, or stop what holds it") from None  # fmt: skip
+    return sock
+
+
 def run(bundle: DecoderBundle, engine: BatchingEngine, *, host: str = "127.0.0.1",
-        port: int = 8000, max_tokens_limit: int = 1024,
+        port: int = 8000, max_tokens_limit: int = 1024, api_key: str | None = None,
+        access_log: bool = True, sock: socket.socket | None = None,
         announce: Callable[[str], None] | None = None) -> None:  # fmt: skip
     """Serve ``bundle`` through ``engine`` on ``host:port`` until SIGTERM / Ctrl-C.
 
-    ``announce`` (default: nothing) gets one line saying where it serves, once the app is
-    built. The engine is shut down when the server stops, whatever stopped it.
+    ``sock``: a socket already listening there (:func:`bind`; default: bound here).
+    ``api_key``: the key the ``/v1`` routes ask for (None: none). ``access_log``: a line per
+    request. ``announce`` (default: nothing) gets one line saying where it serves, once the
+    app is built. The engine is shut down when the server stops, whatever stopped it.
 
     Raises:
         ImportError: fastapi or uvicorn missing.
+        OSError: the address cannot be taken.
     """
     make_app, uvicorn = web_stack()
-    app = make_app(bundle, engine, max_tokens_limit=max_tokens_limit)
+    sock = sock if sock is not None else bind(host, port)
+    app = make_app(bundle, engine, max_tokens_limit=max_tokens_limit, api_key=api_key)
     config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=GRACE_S,
-                            lifespan="on", log_level="info")  # fmt: skip
+                            lifespan="on", log_level="info", access_log=access_log)  # fmt: skip
     if announce is not None:
         announce(f"serving {bundle.name} on http://{host}:{port}/v1 (at most "
                  f"{engine.max_batch} requests together, {engine.cache.num_blocks} cache "
-                 f"blocks of {engine.cache.block_size}); Ctrl-C stops")  # fmt: skip
+                 f"blocks of {engine.cache.block_size}; "
+                 f"{'an API key' if api_key else 'no API key'}); Ctrl-C stops")  # fmt: skip
     try:
         # uvicorn re-raises the Ctrl-C it handled once it has stopped: nothing is left to do.
         with contextlib.suppress(KeyboardInterrupt):
-            uvicorn.Server(config).run()
+            uvicorn.Server(config).run(sockets=[sock])
     finally:  # (the lifespan already stopped it, unless a second Ctrl-C forced the exit)
         engine.shutdown(cancel=True, timeout=5)
