@@ -149,7 +149,7 @@ def full_pool(bundle, quick: bool) -> dict:
     finally:
         stop()
     assert all(a.text == alone.text for a in answers), "a request of the full pool differs"
-    assert len(engine.cache.free) == engine.cache.num_blocks, "blocks were not given back"
+    assert engine.blocks.held == 0, "blocks were not given back"
     firsts = sorted(a.first_s for a in answers)
     return {"blocks": 16 * need, "blocks_per_request": need, "served": len(answers),
             "wall_s": wall, "first_16_ttft_max_s": firsts[15],

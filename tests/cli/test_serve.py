@@ -100,8 +100,7 @@ def test_a_stop_string_across_tokens_cuts_the_text(served, stream):
 
 
 def _idle(engine) -> bool:
-    return not engine.running and not engine.waiting and \
-        len(engine.cache.free) == engine.cache.num_blocks  # fmt: skip
+    return not engine.running and not engine.waiting and engine.blocks.held == 0
 
 
 def test_a_client_that_leaves_mid_stream_has_its_request_cancelled(served):

@@ -12,6 +12,7 @@ forward's own error."""
 from __future__ import annotations
 
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -203,6 +204,27 @@ def test_metrics_count_what_was_served(served):
     assert after["qkv_cache_blocks_used"] == 0 and after["qkv_cache_blocks"] == 160
 
 
+SYSTEM = ("You are a careful assistant. " * 30).strip()
+
+
+def test_requests_sharing_a_system_prompt_read_its_blocks_once(served):
+    """Three chats with one long system prompt at once: each answer is its own alone, and
+    the later ones read the system prompt's blocks instead of computing them."""
+    before = _metrics(served.url)
+    chats = [({"role": "system", "content": SYSTEM}, {"role": "user", "content": q})
+             for q in ("Hi!", "What is 2 + 2?", "Name a fruit.")]  # fmt: skip
+    client = served.client()
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda c: client.chat.completions.create(
+            model=MODEL, messages=list(c), max_tokens=8, temperature=0), chats))
+    for chat, got in zip(chats, answers, strict=True):
+        assert got.choices[0].message.content == alone(tuple(tuple(m.items()) for m in chat), 8)
+    after = _metrics(served.url)
+    system_tokens = len(smollm2().tokenizer.encode(SYSTEM, add_special_tokens=False))
+    hits = after["qkv_prefix_cache_hit_tokens"] - before.get("qkv_prefix_cache_hit_tokens", 0)
+    assert hits >= 2 * (system_tokens // 16 - 1) * 16, (hits, system_tokens)
+
+
 def test_an_api_key_guards_the_v1_routes():
     with serving(api_key="s3cret", max_batch=1) as served:
         url = served.url
@@ -245,5 +267,6 @@ def test_serve_help_names_the_new_options():
     runner = CliRunner(env={"COLUMNS": "200", "TERMINAL_WIDTH": "200", "NO_COLOR": "1"})
     result = runner.invoke(app, ["serve", "--help"])
     assert result.exit_code == 0, result.output
-    for word in ("--api-key", "QKV_API_KEY", "--access-log", "/metrics"):
+    for word in ("--api-key", "QKV_API_KEY", "--access-log", "/metrics", "--no-prefix-cache",
+                 "--prefill-chunk"):  # fmt: skip
         assert word in result.output, result.output

@@ -94,7 +94,7 @@ def test_requests_arriving_while_others_run_get_their_greedy_tokens(kind):
         engine.shutdown(timeout=TIMEOUT)
     for i, (p, n, out) in enumerate(zip(prompts, lengths, outputs, strict=True)):
         assert out == _alone(model, p, n), f"request {i}"
-    assert len(engine.cache.free) == 30 and not engine.running
+    assert engine.blocks.held == 0 and not engine.running
     assert {r.finish_reason for r in requests} <= {"stop", "length"}
 
 
@@ -109,7 +109,7 @@ def test_a_request_that_does_not_fit_waits_for_blocks():
     finally:
         engine.shutdown(timeout=TIMEOUT)
     assert outs == [_alone(model, [5 + i, 6, 7, 8], 12, eos=None) for i in range(3)]
-    assert len(engine.cache.free) == 8
+    assert engine.blocks.held == 0
 
 
 def test_sampled_requests_draw_as_alone_and_cancel_frees_blocks():
@@ -129,7 +129,7 @@ def test_sampled_requests_draw_as_alone_and_cancel_frees_blocks():
     want = sample(model, [prompt], max_new_tokens=10, temperature=0.9, top_p=0.9, seed=5)
     assert got == strip(want, model.config.eos_id)[0]
     assert slow.finish_reason == "cancelled" and len([first, *rest]) < 200
-    assert len(engine.cache.free) == 64
+    assert engine.blocks.held == 0
 
 
 def test_bad_requests_and_models_are_refused():
@@ -157,10 +157,10 @@ def test_a_request_whose_prefill_fails_ends_with_its_error_and_frees_its_blocks(
     engine = BatchingEngine(model, max_batch=4, block_size=4, num_blocks=32)
     real = engine._prefill
 
-    def failing(run):
+    def failing(run, budget):
         if run.request.prompt == [13, 13]:
             raise RuntimeError("boom")
-        return real(run)
+        return real(run, budget)
 
     monkeypatch.setattr(engine, "_prefill", failing)
     engine.start()
@@ -172,7 +172,7 @@ def test_a_request_whose_prefill_fails_ends_with_its_error_and_frees_its_blocks(
         assert list(good.tokens(timeout=TIMEOUT)) == _alone(model, [7, 8, 9], 5, eos=None)
     finally:
         engine.shutdown(timeout=TIMEOUT)
-    assert bad.finish_reason == "error" and len(engine.cache.free) == 32
+    assert bad.finish_reason == "error" and engine.blocks.held == 0
 
 
 @pytest.mark.parametrize("kernel", ["chunks", "triton"])

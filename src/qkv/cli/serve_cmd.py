@@ -25,7 +25,8 @@ NAME = "serve"
 
 def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16,
           max_tokens: int = 1024, num_blocks: int | None = None, device: str | None = None,
-          api_key: str | None = None, access_log: bool = True) -> None:  # fmt: skip
+          api_key: str | None = None, access_log: bool = True, prefix_cache: bool = True,
+          prefill_chunk: int = 256) -> None:  # fmt: skip
     """Load ``model`` and serve it until SIGTERM / Ctrl-C (arguments as the command's options).
 
     Raises:
@@ -49,7 +50,8 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, max_batch: i
         if not isinstance(bundle, pretrained.DecoderBundle):
             raise ValueError(f"{model!r} is a sentence encoder, not a language model")
         engine = BatchingEngine(bundle.model, eos_id=bundle.eos_id, max_batch=max_batch,
-                                num_blocks=num_blocks)  # fmt: skip
+                                num_blocks=num_blocks, prefix_cache=prefix_cache,
+                                prefill_chunk=prefill_chunk)  # fmt: skip
         run(bundle, engine, host=host, port=port, max_tokens_limit=max_tokens,
             api_key=api_key, access_log=access_log, sock=sock,
             announce=lambda line: console.print(line, markup=False))  # fmt: skip
@@ -84,6 +86,14 @@ def command(
     access_log: Annotated[bool, typer.Option(
         "--access-log/--no-access-log", help="A log line per request.",
     )] = True,
+    prefix_cache: Annotated[bool, typer.Option(
+        "--prefix-cache/--no-prefix-cache", help="Share the KV-cache blocks of prompts that "
+        "start alike (a system prompt, a chat's earlier turns) between requests.",
+    )] = True,
+    prefill_chunk: Annotated[int, typer.Option(
+        "--prefill-chunk", min=1, help="The most prompt tokens read per decoding step: a long "
+        "prompt is read in chunks while the other requests keep streaming.",
+    )] = 256,
 ) -> None:
     """Serve a language model over HTTP with OpenAI's API (completions and chat), requests
     batched together.
@@ -95,4 +105,5 @@ def command(
     [bold]Example:[/bold] qkv serve SmolLM2-135M-Instruct --port 8000 --max-batch 16
     """
     serve(model, host=host, port=port, max_batch=max_batch, max_tokens=max_tokens,
-          num_blocks=num_blocks, device=device, api_key=api_key, access_log=access_log)
+          num_blocks=num_blocks, device=device, api_key=api_key, access_log=access_log,
+          prefix_cache=prefix_cache, prefill_chunk=prefill_chunk)

@@ -2,14 +2,21 @@
 running batch at the next step and leaving it the step it ends (Yu et al., 2022, "Orca";
 Kwon et al., 2023, "vLLM").
 
-One background thread runs the loop. Each turn it admits waiting requests while the batch has
-room (``max_batch``) and the block pool has the blocks a request can ever need (its prompt plus
-``max_new_tokens``, reserved up front, so a running request never runs out: a request that
-does not fit *waits*, it is not refused), runs each newcomer's prompt alone through the model
-(the prefill, its first token), then one decoding step for every running request at once:
-one token each, at its own position, attending over its own pages
+One background thread runs the loop. Each turn it admits waiting requests, in order, while
+the batch has room (``max_batch``) and the block pool has the blocks a request can ever need
+(its prompt plus ``max_new_tokens``, reserved up front, so a running request never runs out: a
+request that does not fit *waits*, it is not refused). A newcomer's prompt is prefilled alone
+through the model, at most ``prefill_chunk`` positions a turn (chunked prefill: a long prompt
+takes several turns, so the running requests keep getting tokens meanwhile); its last chunk
+gives its first token. Then one decoding step runs for every running request at once: one
+token each, at its own position, attending over its own pages
 (:class:`~qkv.nn.paged_cache.PagedKVCache`). A request that ends (EOS, a stop id, its
 ``max_new_tokens``, or cancelled by its caller) gives its blocks back at once.
+
+With ``prefix_cache`` (the default) the blocks go through a
+:class:`~qkv.generate.prefix_cache.PrefixCache`: a prompt that starts with blocks another
+request filled (a shared system prompt, the earlier turns of a chat) reads them instead of
+computing them, and only the rest is prefilled.
 
 Every request gets the tokens it would get alone: greedy rows equal
 :func:`qkv.generate.greedy` on the request by itself, and a sampled request draws from its own
@@ -43,19 +50,21 @@ from qkv.generate.engine import (
     TokenLogprob,
     check_prompt,  # fmt: skip
 )
+from qkv.generate.prefix_cache import PrefixCache
 from qkv.generate.sampling import Sampler
 from qkv.nn.paged_cache import PagedKVCache
 
 __all__ = ["BatchingEngine"]
 
 IDLE_WAIT_S = 0.05  # how long the loop sleeps when nothing runs
+PREFILL_CHUNK = 256  # prompt positions prefilled per turn, by default
 
 
 @dataclass(eq=False)
 class _Running:
     request: Request
     blocks: list[int]
-    length: int = 0  # positions cached
+    length: int = 0  # positions cached (while prefilling: the prompt's so far)
     last: int = -1  # the token to feed next
     chooser: object = field(default=None, repr=False)
     # (1, P + max_new_tokens): prompt then output, for the controls; None without them
@@ -83,14 +92,25 @@ class BatchingEngine:
         max_batch: the most requests decoded together.
         block_size: positions per cache block.
         num_blocks: blocks in the pool (default: ``max_batch`` sequences of 1024 positions).
+        prefix_cache: share full prompt blocks between requests
+            (:class:`~qkv.generate.prefix_cache.PrefixCache`).
+        prefill_chunk: the most prompt positions prefilled per turn of the loop.
+
+    Attributes:
+        blocks: the :class:`~qkv.generate.prefix_cache.PrefixCache` every request's blocks
+            come from (with ``prefix_cache=False`` it shares nothing).
 
     Raises:
         ValueError: a model the paged cache cannot serve, sizes that are not positive ints.
     """
 
     def __init__(self, model: nn.Module, *, eos_id: int | None = None, max_batch: int = 16,
-                 block_size: int = 16, num_blocks: int | None = None) -> None:  # fmt: skip
+                 block_size: int = 16, num_blocks: int | None = None, prefix_cache: bool = True,
+                 prefill_chunk: int = PREFILL_CHUNK) -> None:  # fmt: skip
         _check_model(model)
+        for name, value in (("max_batch", max_batch), ("prefill_chunk", prefill_chunk)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         c, weight = model.config, next(model.parameters())
         self.model, self.max_batch = model.eval(), max_batch
         self.eos_id = c.eos_id if eos_id is None else eos_id
@@ -98,10 +118,13 @@ class BatchingEngine:
         self.cache = PagedKVCache(c.num_layers, num_blocks=blocks, block_size=block_size,
                                   kv_heads=c.num_kv_heads or c.num_heads, head_dim=c.head_dim,
                                   dtype=weight.dtype, device=weight.device)  # fmt: skip
+        self.blocks = PrefixCache(self.cache, share=prefix_cache)
+        self.prefill_chunk = prefill_chunk
         # The context a request must fit: a learned position table, else the config's max_len.
         self.limit = getattr(model, "position_limit", None) or getattr(c, "max_len", None)
         self.waiting: deque[Request] = deque()
         self.running: list[_Running] = []
+        self.prefilling: _Running | None = None  # the newcomer whose prompt is being read
         self._wake = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -151,7 +174,7 @@ class BatchingEngine:
         with self._wake:
             self._stop = True
             if cancel:
-                for r in [*self.waiting, *(run.request for run in self.running)]:
+                for r in [*self.waiting, *(run.request for run in self._runs())]:
                     r.cancel()
             self._wake.notify()
         if self._thread is not None:
@@ -159,11 +182,15 @@ class BatchingEngine:
 
     # --- the loop ----------------------------------------------------------------------------
 
+    def _runs(self) -> list[_Running]:
+        """The requests holding blocks: running, and the one prefilling."""
+        return [*self.running, *([self.prefilling] if self.prefilling is not None else [])]
+
     def _loop(self) -> None:
         with torch.inference_mode():
             while True:
                 with self._wake:
-                    if not self.waiting and not self.running:
+                    if not self.waiting and not self._runs():
                         if self._stop:
                             return
                         self._wake.wait(IDLE_WAIT_S)
@@ -175,41 +202,67 @@ class BatchingEngine:
                 except Exception as err:  # a failed step ends the requests it held
                     for run in self.running:
                         run.request.finish("error", err)
-                        self.cache.release(run.blocks)
+                        self.blocks.release(run.blocks)
                     self.running = []
 
     def _admit(self) -> None:
+        """Prefill newcomers, in order, up to :attr:`prefill_chunk` prompt positions."""
+        budget = self.prefill_chunk
+        while budget > 0:
+            run = self.prefilling or self._next()
+            if run is None:
+                return
+            try:
+                budget -= self._prefill(run, budget)
+            except Exception as err:  # the failed request ends; the others go on
+                self.prefilling = None
+                run.request.finish("error", err)
+                self.blocks.release(run.blocks)
+
+    def _next(self) -> _Running | None:
+        """The next waiting request, its blocks taken (shared ones first), as the one
+        prefilling; None when none waits, the batch is full or the pool is short."""
         while len(self.running) < self.max_batch:
             with self._wake:
                 if not self.waiting:
-                    return
+                    return None
                 request = self.waiting[0]
                 if request.cancelled:
                     self.waiting.popleft().finish("cancelled")
                     continue
                 need = self.cache.blocks_for(len(request.prompt) + request.params.max_new_tokens)
-                if need > len(self.cache.free):
-                    return  # waits for blocks to come back
+                got = self.blocks.acquire(request.prompt, need)
+                if got is None:
+                    return None  # waits for blocks to come back
                 self.waiting.popleft()
-            run = _Running(request, self.cache.allocate(need))
-            try:
-                device = self.cache.layers[0].k_pool.device
-                run.chooser, run.history = _chooser(request.params), _history(request, device)
-                self._prefill(run)
-            except Exception as err:  # the failed request ends; the others go on
-                request.finish("error", err)
-                self.cache.release(run.blocks)
+            table, cached = got
+            self.prefilling = run = _Running(request, table, length=cached)
+            device = self.cache.layers[0].k_pool.device
+            run.chooser, run.history = _chooser(request.params), _history(request, device)
+            return run
+        return None
 
-    def _prefill(self, run: _Running) -> None:
+    def _prefill(self, run: _Running, budget: int) -> int:
+        """Read the next (at most ``budget``) prompt positions of ``run``; the last chunk
+        chooses its first token. Returns the positions read."""
         prompt = run.request.prompt
+        if run.request.cancelled:
+            self.prefilling = None
+            self._end(run, "cancelled")
+            return 0
+        start, end = run.length, min(len(prompt), run.length + budget)
         device = self.cache.layers[0].k_pool.device
-        self.cache.set_batch([run.blocks], [0])
-        ids = torch.tensor([prompt], device=device)
-        logits = self.model(ids, cache=self.cache, positions=torch.arange(len(prompt),
-                                                                          device=device)[None])
-        run.length = len(prompt)
-        if self._take(run, logits[0, -1].float()):
-            self.running.append(run)
+        self.cache.set_batch([run.blocks], [start])
+        ids = torch.tensor([prompt[start:end]], device=device)  # (1, T)
+        positions = torch.arange(start, end, device=device)[None]  # (1, T)
+        logits = self.model(ids, cache=self.cache, positions=positions)  # (1, T, V)
+        run.length = end
+        self.blocks.register(run.blocks, prompt[:end])
+        if end == len(prompt):
+            self.prefilling = None
+            if self._take(run, logits[0, -1].float()):
+                self.running.append(run)
+        return end - start
 
     def _step(self) -> None:
         for run in [r for r in self.running if r.request.cancelled]:
@@ -250,7 +303,10 @@ class BatchingEngine:
 
     def _end(self, run: _Running, reason: str) -> None:
         run.request.finish(reason)
-        self.cache.release(run.blocks)
+        # Every full block it wrote is shareable: its prompt's, and its answer's so far.
+        written = [*run.request.prompt, *run.request.output][: run.length]
+        self.blocks.register(run.blocks, written)
+        self.blocks.release(run.blocks)
         if run in self.running:
             self.running.remove(run)
 

@@ -4,8 +4,11 @@
 | metric | kind | what |
 |---|---|---|
 | ``qkv_requests_running`` | gauge | requests in the decoding batch now |
-| ``qkv_requests_waiting`` | gauge | requests queued for room in the batch or cache blocks |
+| ``qkv_requests_waiting`` | gauge | requests queued for room, or having their prompt read |
 | ``qkv_cache_blocks_used`` / ``qkv_cache_blocks`` | gauge | KV cache blocks held / in the pool |
+| ``qkv_prefix_cache_blocks`` | gauge | blocks no request holds, kept for their prefix |
+| ``qkv_prefix_cache_hit_tokens`` | gauge | prompt positions read from shared blocks, in all |
+| ``qkv_prefix_cache_queried_tokens`` | gauge | prompt positions of every request, in all |
 | ``qkv_requests_total{finish_reason}`` | counter | choices ended: stop, length, cancelled, error |
 | ``qkv_requests_refused_total{status}`` | counter | requests refused with an error status |
 | ``qkv_prompt_tokens_total`` / ``qkv_generation_tokens_total`` | counter | tokens in / out |
@@ -40,13 +43,19 @@ class ServeMetrics:
 
     def __init__(self, engine: Any) -> None:
         r = self.registry = prom.CollectorRegistry()
-        cache = engine.cache
+        blocks = engine.blocks
         for name, what, read in (
             ("qkv_requests_running", "requests in the decoding batch", lambda: len(engine.running)),
-            ("qkv_requests_waiting", "requests queued for room", lambda: len(engine.waiting)),
-            ("qkv_cache_blocks_used", "KV cache blocks held",
-             lambda: cache.num_blocks - len(cache.free)),
-            ("qkv_cache_blocks", "KV cache blocks in the pool", lambda: cache.num_blocks),
+            ("qkv_requests_waiting", "requests queued for room",
+             lambda: len(engine.waiting) + (engine.prefilling is not None)),
+            ("qkv_cache_blocks_used", "KV cache blocks held by requests", lambda: blocks.held),
+            ("qkv_prefix_cache_blocks", "blocks kept for their prefix, held by none",
+             lambda: len(blocks.idle)),
+            ("qkv_cache_blocks", "KV cache blocks in the pool", lambda: engine.cache.num_blocks),
+            ("qkv_prefix_cache_hit_tokens", "prompt positions read from shared blocks, in all",
+             lambda: blocks.hit_tokens),
+            ("qkv_prefix_cache_queried_tokens", "prompt positions of all requests",
+             lambda: blocks.queried_tokens),
         ):  # fmt: skip
             prom.Gauge(name, what, registry=r).set_function(read)
         self.finished = prom.Counter("qkv_requests", "choices ended, by finish reason",
