@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test test-avx2 test-gpu gpu-check fuzz lint bench bench-llamacpp clean browser speech
+.PHONY: demo test test-avx2 test-gpu gpu-check fuzz lint bench bench-llamacpp bench-serve clean browser speech
 
 demo: $(VENV)/.stamp-demo
 	$(BIN)/qkv demo
@@ -89,6 +89,11 @@ bench: $(VENV)/.stamp-demo
 # It writes benchmarks/results/decode-llamacpp-<instruction set>.json.
 bench-llamacpp: $(VENV)/.stamp-test
 	$(BIN)/python benchmarks/decode_llamacpp.py
+
+# qkv serve beside llama.cpp's llama-server on the same weights, loopback only (llama.cpp built
+# as for bench-llamacpp; the runs ~10 minutes). Writes benchmarks/results/serve-llamacpp.json.
+bench-serve: $(VENV)/.stamp-test
+	$(BIN)/python benchmarks/serve_llamacpp.py
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
