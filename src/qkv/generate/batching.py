@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -127,17 +128,49 @@ class BatchingEngine:
         self.prefilling: _Running | None = None  # the newcomer whose prompt is being read
         self._wake = threading.Condition()
         self._stop = False
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Thread | None = None  # where the loop runs
+        self._spawned = False  # the loop's thread is the engine's own (start)
+        self._stop_when: Callable[[], bool] | None = None
         self.steps = 0  # decoding steps run (for statistics)
 
     # --- the callers' side -------------------------------------------------------------------
 
     def start(self) -> BatchingEngine:
-        """Start the background loop (once); returns the engine."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="qkv-engine", daemon=True)
-            self._thread.start()
+        """Start the loop in a background thread (once; nothing when :meth:`claim` gave it
+        to a caller's thread); returns the engine."""
+        with self._wake:
+            if self._thread is None:
+                self._thread, self._spawned = threading.Thread(
+                    target=self._loop, name="qkv-engine", daemon=True), True
+                self._thread.start()
         return self
+
+    def claim(self) -> None:
+        """Give the loop to the calling thread, which then calls :meth:`run`; :meth:`start`
+        does nothing after this.
+
+        Why: torch's CPU work runs on an OpenMP thread pool per calling thread, and with two
+        pools on the machine (the thread that loaded the model, and the engine's) GNU
+        OpenMP stops spinning between parallel regions, so every matmul of a decoding step
+        waits for its worker to wake (measured: a 1x576 @ 576x1536 product 34 us on the
+        loading thread, 145 us on a second one; a SmolLM2 step 47 against 87 ms). Running
+        the loop on the thread that loaded the model keeps one pool.
+
+        Raises:
+            RuntimeError: the loop already runs elsewhere.
+        """
+        with self._wake:
+            if self._thread is not None and self._thread is not threading.current_thread():
+                raise RuntimeError("the engine's loop already runs in another thread")
+            self._thread = threading.current_thread()
+
+    def run(self, stop_when: Callable[[], bool] | None = None) -> None:
+        """Run the loop in the calling thread (claimed first, if not already) until
+        :meth:`shutdown` from another thread, or ``stop_when()`` turns true, and no request is
+        left (``stop_when`` is asked while idle)."""
+        self.claim()
+        self._stop_when = stop_when
+        self._loop()
 
     def submit(self, prompt: list[int], params: SamplingParams | None = None) -> Request:
         """Queue a request; its tokens come from ``request.tokens()``.
@@ -177,8 +210,8 @@ class BatchingEngine:
                 for r in [*self.waiting, *(run.request for run in self._runs())]:
                     r.cancel()
             self._wake.notify()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        if self._spawned and self._thread is not threading.current_thread():
+            self._thread.join(timeout)  # (a claimed loop ends by itself once idle)
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -191,7 +224,7 @@ class BatchingEngine:
             while True:
                 with self._wake:
                     if not self.waiting and not self._runs():
-                        if self._stop:
+                        if self._stop or (self._stop_when is not None and self._stop_when()):
                             return
                         self._wake.wait(IDLE_WAIT_S)
                         continue

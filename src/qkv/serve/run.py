@@ -3,15 +3,19 @@
 Listening: :func:`bind` takes the port first, before a model loads, so a port in use is one
 clear error at once; uvicorn then serves on that socket.
 
+Threads: the engine's loop runs on the calling thread, the one that loaded the model
+(:meth:`~qkv.generate.batching.BatchingEngine.claim` says why), uvicorn on a thread of its own.
+
 Stopping: SIGTERM or Ctrl-C makes uvicorn stop accepting connections and wait (up to
 :data:`GRACE_S`) for the responses in flight to finish; then the app's lifespan shuts the
-engine down. A second Ctrl-C stops at once.
+engine down. A second signal stops at once.
 """
 
 from __future__ import annotations
 
-import contextlib
+import signal
 import socket
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -79,14 +83,32 @@ def run(bundle: DecoderBundle, engine: BatchingEngine, *, host: str = "127.0.0.1
     app = make_app(bundle, engine, max_tokens_limit=max_tokens_limit, api_key=api_key)
     config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=GRACE_S,
                             lifespan="on", log_level="info", access_log=access_log)  # fmt: skip
+    server = uvicorn.Server(config)
+    # The engine's loop runs here, on the thread that loaded the model (one OpenMP pool:
+    # BatchingEngine.claim says why), and the web server on a thread of its own.
+    engine.claim()
+    web = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="qkv-web",
+                           daemon=True)  # fmt: skip
+
+    def on_signal(signum: int, frame: object) -> None:
+        if server.should_exit:  # the second: stop at once
+            server.force_exit = True
+            engine.shutdown(cancel=True)
+        server.should_exit = True
+
+    handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     if announce is not None:
-        announce(f"serving {bundle.name} on http://{host}:{port}/v1 (at most "
+        where = sock.getsockname()
+        announce(f"serving {bundle.name} on http://{where[0]}:{where[1]}/v1 (at most "
                  f"{engine.max_batch} requests together, {engine.cache.num_blocks} cache "
                  f"blocks of {engine.cache.block_size}; "
                  f"{'an API key' if api_key else 'no API key'}); Ctrl-C stops")  # fmt: skip
+    web.start()
     try:
-        # uvicorn re-raises the Ctrl-C it handled once it has stopped: nothing is left to do.
-        with contextlib.suppress(KeyboardInterrupt):
-            uvicorn.Server(config).run(sockets=[sock])
-    finally:  # (the lifespan already stopped it, unless a second Ctrl-C forced the exit)
+        engine.run(stop_when=lambda: not web.is_alive())
+    finally:  # (the lifespan already stopped it, unless a second signal forced the exit)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        server.should_exit = True
+        web.join(GRACE_S + 5)
         engine.shutdown(cancel=True, timeout=5)
