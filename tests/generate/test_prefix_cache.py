@@ -196,18 +196,19 @@ def test_a_long_prompt_is_read_in_chunks_while_the_others_decode():
         step()
 
     engine._prefill, engine._step = logged_prefill, logged_step
+    long_prompt = list(range(3, 63))  # 60 positions
+    # Both queued before the loop starts: no race with the loop's speed. The first turn reads
+    # the short prompt (3) and 5 of the long one, each later turn 8, then the rest (7).
+    running = engine.submit([5, 6, 7], SamplingParams(max_new_tokens=30))
+    newcomer = engine.submit(long_prompt, SamplingParams(max_new_tokens=4))
     engine.start()
     try:
-        running = engine.submit([5, 6, 7], SamplingParams(max_new_tokens=60))
-        next(running.tokens(timeout=TIMEOUT))
-        long_prompt = list(range(3, 63))  # 60 positions: 8 chunks of at most 8
-        newcomer = engine.submit(long_prompt, SamplingParams(max_new_tokens=4))
         got = list(newcomer.tokens(timeout=TIMEOUT))
         list(running.tokens(timeout=TIMEOUT))
     finally:
         engine.shutdown(timeout=TIMEOUT)
     assert got == _alone(model, long_prompt, 4)
     chunks = [i for i, (kind, rid, _) in enumerate(log) if kind == "prefill" and rid == newcomer.id]
-    assert [log[i][2] for i in chunks] == [8] * 7 + [4]
+    assert [log[i][2] for i in chunks] == [5, 8, 8, 8, 8, 8, 8, 7], log
     between = [e for e in log[chunks[0] : chunks[-1]] if e[0] == "step"]
     assert len(between) == 7 and all(running.id in e[1] for e in between), log
