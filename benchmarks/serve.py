@@ -67,7 +67,7 @@ class Answer:
 def start_server(bundle, *, max_batch: int, num_blocks: int | None = None):
     """The app on a free port of 127.0.0.1 in a thread; returns (url, engine, stop)."""
     engine = BatchingEngine(bundle.model, eos_id=bundle.eos_id, max_batch=max_batch,
-                            num_blocks=num_blocks)  # fmt: skip
+                            num_blocks=num_blocks, tokenizer=bundle.tokenizer)  # fmt: skip
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(make_app(bundle, engine), log_level="warning", lifespan="on")

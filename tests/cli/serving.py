@@ -66,7 +66,7 @@ def serving(api_key: str | None = None, max_batch: int = 4) -> Iterator[Served]:
     engine included)."""
     bundle = smollm2()
     engine = BatchingEngine(bundle.model, eos_id=bundle.eos_id, max_batch=max_batch,
-                            num_blocks=160)  # fmt: skip
+                            num_blocks=160, tokenizer=bundle.tokenizer)  # fmt: skip
     submitted, submit = [], engine.submit
     engine.submit = lambda *a, **k: submitted.append(submit(*a, **k)) or submitted[-1]
     web = make_app(bundle, engine, max_tokens_limit=LIMIT, max_request_bytes=100_000,

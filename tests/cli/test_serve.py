@@ -158,11 +158,22 @@ BAD = [  # (path, body: dict or raw bytes, status, the field named)
      "messages[0].content"),
     *[("chat/completions", {"messages": [{"role": "user", "content": "hi"}], name: value}, 400,
        name) for name, value in [
-        ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
+        ("response_format", {"type": "xml"}), ("tools", [{"type": "function"}]),
         ("tool_choice", "auto"), ("store", True), ("top_logprobs", 2), ("logprobs", 1),
         ("user", 5), ("metadata", "m"), ("echo", True), ("audio", {})]],
     ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True,
                           "top_logprobs": 21}, 400, "top_logprobs"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "response_format": {
+        "type": "json_schema", "json_schema": {"schema": {}}}}, 400, "response_format.json_schema"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+     400, "response_format.json_schema.schema"),
+    ("completions", {"prompt": "hi", "structured_outputs": {"regex": "[a-"}}, 400,
+     "structured_outputs.regex"),
+    ("completions", {"prompt": "hi", "structured_outputs": {"choice": "yes"}}, 400,
+     "structured_outputs.choice"),
+    ("completions", {"prompt": "hi", "structured_outputs": {"regex": "a", "choice": ["a"]}},
+     400, "structured_outputs"),
 ]
 
 

@@ -11,6 +11,7 @@ forward's own error."""
 
 from __future__ import annotations
 
+import json
 import queue
 import re
 import signal
@@ -84,8 +85,9 @@ def test_streamed_choices_join_to_each_alone(served, chat):
 
 
 @pytest.mark.parametrize("options", [
-    dict(frequency_penalty=1.2, presence_penalty=0.6), dict(frequency_penalty=-2.0),
-    dict(presence_penalty=2.0), "ban the first token"], ids=str)
+    dict(frequency_penalty=1.2, presence_penalty=0.6), dict(frequency_penalty=-2.0,
+                                                              presence_penalty=2.0),
+    "ban the first token"], ids=str)
 def test_penalties_and_logit_bias_answer_as_alone(served, options):
     prompt = PROMPTS[2]
     if options == "ban the first token":
@@ -209,6 +211,57 @@ def test_metrics_count_what_was_served(served):
     assert grew("qkv_requests_total{finish_reason=length}") == 2
     assert after["qkv_requests_running"] == 0 and after["qkv_requests_waiting"] == 0
     assert after["qkv_cache_blocks_used"] == 0 and after["qkv_cache_blocks"] == 160
+
+
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0},
+    "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3}},
+    "required": ["name", "age", "hobbies"], "additionalProperties": False}  # fmt: skip
+
+
+def test_json_schema_answers_parse_and_validate(served):
+    """Six sampled answers under a strict JSON schema, decoded together, all end, parse and
+    validate (jsonschema); two greedy ones in plain JSON mode, where any object is allowed
+    and a small model may loop until ``max_tokens``: those that end parse as objects."""
+    jsonschema = pytest.importorskip("jsonschema", reason="answers are validated by jsonschema")
+    client = served.client()
+    ask = [{"role": "user", "content": "Describe a person as JSON."}]
+    strict = {"type": "json_schema", "json_schema": {"name": "person", "strict": True,
+                                                     "schema": PERSON}}  # fmt: skip
+
+    def one(i: int):
+        if i < 6:
+            return client.chat.completions.create(model=MODEL, messages=ask, max_tokens=120,
+                                                  temperature=0.8, seed=i, response_format=strict)
+        return client.chat.completions.create(
+            model=MODEL, max_tokens=80, temperature=0, response_format={"type": "json_object"},
+            messages=[{"role": "user", "content": f"Give {topics[i]} as a JSON object."}])
+
+    topics = {6: "a city and its country", 7: "a book and its author"}
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(one, range(8)))
+    for i, got in enumerate(answers[:6]):
+        choice = got.choices[0]
+        assert choice.finish_reason == "stop", (i, choice.finish_reason, choice.message.content)
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+    # JSON mode: an answer that ended is one JSON object (one cut by max_tokens is a prefix)
+    ended = [a.choices[0].message.content for a in answers[6:]
+             if a.choices[0].finish_reason == "stop"]  # fmt: skip
+    assert ended, "no JSON-mode answer ended: nothing was checked"
+    assert all(isinstance(json.loads(text), dict) for text in ended), ended
+
+
+@pytest.mark.parametrize(("form", "check"), [
+    ({"regex": r"[0-9]{3}-[0-9]{4}"}, lambda t: re.fullmatch(r"[0-9]{3}-[0-9]{4}", t)),
+    ({"choice": ["red", "green", "blue"]}, lambda t: t in ("red", "green", "blue")),
+    ({"grammar": 'start: "(" NUM ("," NUM)* ")"\nNUM: /[0-9]{1,2}/'},
+     lambda t: re.fullmatch(r"\([0-9]{1,2}(,[0-9]{1,2})*\)", t)),
+], ids=["regex", "choice", "lark"])
+def test_structured_outputs_hold_completions_to_their_form(served, form, check):
+    got = served.client().completions.create(model=MODEL, prompt="My favourite:", max_tokens=40,
+                                             temperature=0, extra_body={"structured_outputs":
+                                                                        form})  # fmt: skip
+    assert got.choices[0].finish_reason == "stop" and check(got.choices[0].text), got
 
 
 SYSTEM = ("You are a careful assistant. " * 30).strip()

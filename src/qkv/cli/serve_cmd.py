@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from qkv.cli.common import ModelDevice, status
+from qkv.cli.common import FLAG, ModelDevice, status
 
 __all__ = ["command", "serve"]
 
@@ -51,7 +51,8 @@ def serve(model: str, *, host: str = "127.0.0.1", port: int = 8000, max_batch: i
             raise ValueError(f"{model!r} is a sentence encoder, not a language model")
         engine = BatchingEngine(bundle.model, eos_id=bundle.eos_id, max_batch=max_batch,
                                 num_blocks=num_blocks, prefix_cache=prefix_cache,
-                                prefill_chunk=prefill_chunk)  # fmt: skip
+                                prefill_chunk=prefill_chunk,
+                                tokenizer=bundle.tokenizer)  # fmt: skip
         run(bundle, engine, host=host, port=port, max_tokens_limit=max_tokens,
             api_key=api_key, access_log=access_log, sock=sock,
             announce=lambda line: console.print(line, markup=False, soft_wrap=True))  # fmt: skip
@@ -84,10 +85,11 @@ def command(
         "from QKV_API_KEY].",
     )] = None,
     access_log: Annotated[bool, typer.Option(
-        "--access-log/--no-access-log", help="A log line per request.",
+        "--access-log/--no-access-log", metavar=FLAG, help="A log line per request.",
     )] = True,
     prefix_cache: Annotated[bool, typer.Option(
-        "--prefix-cache/--no-prefix-cache", help="Share the KV-cache blocks of prompts that "
+        "--prefix-cache/--no-prefix-cache", metavar=FLAG, help="Share the KV-cache blocks of "
+        "prompts that "
         "start alike (a system prompt, a chat's earlier turns) between requests.",
     )] = True,
     prefill_chunk: Annotated[int, typer.Option(

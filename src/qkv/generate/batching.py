@@ -51,6 +51,7 @@ from qkv.generate.engine import (
     TokenLogprob,
     check_prompt,  # fmt: skip
 )
+from qkv.generate.grammar import Constraint, GrammarVocabulary
 from qkv.generate.prefix_cache import PrefixCache
 from qkv.generate.sampling import Sampler
 from qkv.nn.paged_cache import PagedKVCache
@@ -70,6 +71,7 @@ class _Running:
     chooser: object = field(default=None, repr=False)
     # (1, P + max_new_tokens): prompt then output, for the controls; None without them
     history: torch.Tensor | None = field(default=None, repr=False)
+    constraint: Constraint | None = field(default=None, repr=False)  # its grammar's state
 
 
 def _check_model(model: nn.Module) -> None:
@@ -96,6 +98,9 @@ class BatchingEngine:
         prefix_cache: share full prompt blocks between requests
             (:class:`~qkv.generate.prefix_cache.PrefixCache`).
         prefill_chunk: the most prompt positions prefilled per turn of the loop.
+        tokenizer: the model's tokenizer (a :class:`~qkv.pretrained.tokenizer.
+            PretrainedTokenizer`), for requests with a grammar (None: such requests are
+            refused).
 
     Attributes:
         blocks: the :class:`~qkv.generate.prefix_cache.PrefixCache` every request's blocks
@@ -107,7 +112,7 @@ class BatchingEngine:
 
     def __init__(self, model: nn.Module, *, eos_id: int | None = None, max_batch: int = 16,
                  block_size: int = 16, num_blocks: int | None = None, prefix_cache: bool = True,
-                 prefill_chunk: int = PREFILL_CHUNK) -> None:  # fmt: skip
+                 prefill_chunk: int = PREFILL_CHUNK, tokenizer: object = None) -> None:  # fmt: skip
         _check_model(model)
         for name, value in (("max_batch", max_batch), ("prefill_chunk", prefill_chunk)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -121,6 +126,8 @@ class BatchingEngine:
                                   dtype=weight.dtype, device=weight.device)  # fmt: skip
         self.blocks = PrefixCache(self.cache, share=prefix_cache)
         self.prefill_chunk = prefill_chunk
+        self.tokenizer = tokenizer
+        self._vocabulary: GrammarVocabulary | None = None  # built at the first grammar
         # The context a request must fit: a learned position table, else the config's max_len.
         self.limit = getattr(model, "position_limit", None) or getattr(c, "max_len", None)
         self.waiting: deque[Request] = deque()
@@ -193,6 +200,8 @@ class BatchingEngine:
             raise ParamError("max_new_tokens", f"={n}) needs more than the whole block pool "
                              f"({self.cache.num_blocks} x {self.cache.block_size})",
                              f"a request of {total} positions (a prompt of {len(ids)} tokens + ")
+        if params.grammar is not None:
+            self._grammar_vocabulary()
         request = Request(ids, params)
         with self._wake:
             if self._stop:
@@ -200,6 +209,16 @@ class BatchingEngine:
             self.waiting.append(request)
             self._wake.notify()
         return request
+
+    def _grammar_vocabulary(self) -> GrammarVocabulary:
+        """The tokenizer's tables for grammars, built once (ParamError without a tokenizer)."""
+        if self.tokenizer is None:
+            raise ParamError("grammar", " needs the engine to know the model's tokenizer "
+                             "(BatchingEngine(..., tokenizer=...))")  # fmt: skip
+        if self._vocabulary is None:
+            self._vocabulary = GrammarVocabulary.of(self.tokenizer, self.eos_id,
+                                                    self.model.config.vocab_size)  # fmt: skip
+        return self._vocabulary
 
     def shutdown(self, *, cancel: bool = False, timeout: float | None = None) -> None:
         """Stop taking requests; let those in flight finish (``cancel``: end them now), then
@@ -272,6 +291,8 @@ class BatchingEngine:
             self.prefilling = run = _Running(request, table, length=cached)
             device = self.cache.layers[0].k_pool.device
             run.chooser, run.history = _chooser(request.params), _history(request, device)
+            if request.params.grammar is not None:
+                run.constraint = Constraint(self._grammar_vocabulary(), request.params.grammar)
             return run
         return None
 
@@ -321,11 +342,23 @@ class BatchingEngine:
             last = new == p.max_new_tokens - 1
             logits = p.controls.apply(logits, seen, new=new, last_step=last,
                                       eos_id=self.eos_id)  # (1, V)  # fmt: skip
-        token = int(run.chooser(logits)[0])
-        if token == self.eos_id or token in p.stop_ids:
+        try:
+            if run.constraint is not None:  # the grammar's tokens only
+                allowed = run.constraint.allowed().to(logits.device)  # (V,)
+                logits = logits.masked_fill(~allowed, float("-inf"))
+            token = int(run.chooser(logits)[0])
+            if token == self.eos_id or token in p.stop_ids:
+                self._end(run, "stop")
+                return False
+            run.request.emit(token, None if p.logprobs is None else _logprob(logits[0], token, p))
+            if run.constraint is not None:
+                run.constraint.advance(token)
+        except RuntimeError as err:  # its grammar failed: this request ends, the others go on
+            self._end(run, "error", err)
+            return False
+        if run.constraint is not None and run.constraint.finished:  # nothing may follow
             self._end(run, "stop")
             return False
-        run.request.emit(token, None if p.logprobs is None else _logprob(logits[0], token, p))
         run.last = token
         if run.history is not None:
             run.history[0, len(run.request.prompt) + new] = token
@@ -334,8 +367,8 @@ class BatchingEngine:
             return False
         return True
 
-    def _end(self, run: _Running, reason: str) -> None:
-        run.request.finish(reason)
+    def _end(self, run: _Running, reason: str, error: BaseException | None = None) -> None:
+        run.request.finish(reason, error)
         # Every full block it wrote is shareable: its prompt's, and its answer's so far.
         written = [*run.request.prompt, *run.request.output][: run.length]
         self.blocks.register(run.blocks, written)

@@ -23,6 +23,7 @@ from typing import Any
 from qkv.checks import is_int
 from qkv.generate.args import SEED_RANGE, ParamError, check_sampling, check_stops, positive_param
 from qkv.generate.controls import GenerationControls
+from qkv.generate.grammar import Grammar
 
 __all__ = ["Request", "SamplingParams", "ShuttingDownError", "TokenLogprob", "decoding_params"]
 
@@ -58,6 +59,9 @@ class SamplingParams:
             token, ``Request.logprobs``), from the distribution the token was chosen from:
             the logits after the controls, divided by the temperature when sampling (before
             top-k, top-p and min-p cut them).
+        grammar: a :class:`~qkv.generate.grammar.Grammar` the text must match (the
+            batching engine masks each step's logits to the tokens it allows; the engine
+            needs the model's tokenizer for it); None: free text.
 
     Raises:
         ParamError: (a ``ValueError``) a field out of range; ``err.param`` names it.
@@ -72,6 +76,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     controls: GenerationControls = _OFF
     logprobs: int | None = None
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         positive_param("max_new_tokens", self.max_new_tokens)
@@ -92,6 +97,9 @@ class SamplingParams:
             raise ParamError("controls", f" must be a GenerationControls or None, got "
                              f"{type(controls).__name__}")  # fmt: skip
         object.__setattr__(self, "controls", controls)
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise ParamError("grammar", f" must be a qkv.generate.grammar.Grammar or None, got "
+                             f"{type(self.grammar).__name__}")  # fmt: skip
         if self.logprobs is not None and (not is_int(self.logprobs) or self.logprobs < 0):
             raise ParamError("logprobs", f" must be None or an int >= 0 (how many of the most "
                              f"probable tokens to report), got {self.logprobs!r:.80}")  # fmt: skip
@@ -117,6 +125,9 @@ class SamplingParams:
         if self.logprobs is not None:
             raise ParamError("logprobs", f" are reported by the batching engine only, got "
                              f"{self.logprobs!r}")  # fmt: skip
+        if self.grammar is not None:
+            raise ParamError("grammar", f" is applied by the batching engine only, got "
+                             f"{self.grammar!r:.80}")  # fmt: skip
         out: dict[str, Any] = dict(max_new_tokens=self.max_new_tokens,
                                    temperature=self.temperature, top_k=self.top_k,
                                    top_p=self.top_p, seed=self.seed)  # fmt: skip
@@ -131,13 +142,13 @@ def decoding_params(
     max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int | None = None,
     top_p: float | None = None, seed: int | None = None, stop: str | Sequence[str] | None = (),
     stop_ids: Sequence[int] = (), controls: GenerationControls | None = None,
-    logprobs: int | None = None, **fields: Any,
+    logprobs: int | None = None, grammar: Grammar | None = None, **fields: Any,
 ) -> SamplingParams:  # fmt: skip
     """The :class:`SamplingParams` of these options: the one way a command, the server and
     the Python API turn what they were given into the record.
 
     Args:
-        max_new_tokens, temperature, top_k, top_p, seed, stop_ids, logprobs: as
+        max_new_tokens, temperature, top_k, top_p, seed, stop_ids, logprobs, grammar: as
             :class:`SamplingParams`.
         stop: a stop string, several, or None / ``()``: none.
         controls: a :class:`~qkv.generate.controls.GenerationControls`, or None.
@@ -159,7 +170,7 @@ def decoding_params(
     if given:
         controls = GenerationControls(**given)
     return SamplingParams(max_new_tokens, temperature, top_k, top_p, seed, tuple(stop_ids),
-                          () if stop is None else stop, controls, logprobs)  # fmt: skip
+                          () if stop is None else stop, controls, logprobs, grammar)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ __all__ = ["make_app"]
 
 ENGINE_STOP_S = 30.0  # how long the engine may take to finish its requests at shutdown
 # The library's names of the options whose API field is named otherwise.
-API_FIELDS = {"max_new_tokens": "max_tokens"}
+API_FIELDS = {"max_new_tokens": "max_tokens", "grammar": "response_format"}
 
 
 def make_app(

@@ -16,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from qkv.generate.grammar import Grammar
 from qkv.serve.fields import ApiError, flag, is_int, kind, number, read_json, shown, text
+from qkv.serve.formats import grammar_of
 
 __all__ = ["ApiError", "Job", "parse_job", "read_json"]
 
@@ -36,16 +38,17 @@ FIELDS = {
                       "reasoning_effort", "verbosity", "web_search_options"},
 }  # fmt: skip
 # Beyond OpenAI's fields, as vLLM's server takes them: the sampling filters and the CTRL
-# repetition penalty of qkv.generate.
-EXTRAS = {"top_k", "min_p", "repetition_penalty"}
+# repetition penalty of qkv.generate, and vLLM's structured outputs (a regex, a choice, a JSON
+# schema or a Lark grammar, in either API).
+EXTRAS = {"top_k", "min_p", "repetition_penalty", "structured_outputs"}
 # Accepted with no effect on the answer (checked for their JSON type only).
 NO_EFFECT = {"user": str, "metadata": dict, "safety_identifier": str, "prompt_cache_key": str,
              "service_tier": str, "parallel_tool_calls": bool}  # fmt: skip
 # Not implemented: refused unless left at one of these defaults.
 UNSUPPORTED = {"best_of": (None, 1), "suffix": (None, ""), "tools": (None, []),
                "tool_choice": (None, "none"), "functions": (None, []),
-               "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
-               "store": (None, False), "modalities": (None, ["text"]), "audio": (None,),
+               "function_call": (None, "none"), "store": (None, False),
+               "modalities": (None, ["text"]), "audio": (None,),
                "prediction": (None,), "reasoning_effort": (None,), "verbosity": (None,),
                "web_search_options": (None,)}  # fmt: skip
 
@@ -70,6 +73,8 @@ class Job:
         logprobs: None, or how many of the most probable tokens to show beside each token's
             log-probability (chat: ``top_logprobs``; completions: ``logprobs``).
         echo: completions: the answer starts with the prompt's text.
+        grammar: what the text must match (``response_format``, ``structured_outputs``), or
+            None.
     """
 
     prompt: str | list[int] | list[dict[str, str]]
@@ -90,6 +95,7 @@ class Job:
     min_p: float | None = None
     logprobs: int | None = None
     echo: bool = False
+    grammar: Grammar | None = None
 
     def decoding(self) -> dict[str, Any]:
         """The keywords of :func:`~qkv.generate.engine.decoding_params` this job asks for
@@ -99,7 +105,7 @@ class Job:
                     repetition_penalty=self.repetition_penalty,
                     frequency_penalty=self.frequency_penalty or None,
                     presence_penalty=self.presence_penalty or None,
-                    logit_bias=self.logit_bias or None)  # fmt: skip
+                    logit_bias=self.logit_bias or None, grammar=self.grammar)  # fmt: skip
 
 
 def parse_job(body: dict[str, Any], *, chat: bool, max_tokens_limit: int) -> Job:
@@ -138,7 +144,7 @@ def parse_job(body: dict[str, Any], *, chat: bool, max_tokens_limit: int) -> Job
                logit_bias=_logit_bias(body),
                repetition_penalty=number(body, "repetition_penalty", float, None, low=0),
                min_p=number(body, "min_p", float, None, low=0, high=1),
-               logprobs=logprobs, echo=echo)  # fmt: skip
+               logprobs=logprobs, echo=echo, grammar=grammar_of(body, chat))  # fmt: skip
 
 
 def _check_names(body: dict[str, Any], api: str) -> None:
