@@ -89,8 +89,7 @@ def command(
     )] = True,
     prefix_cache: Annotated[bool, typer.Option(
         "--prefix-cache/--no-prefix-cache", metavar=FLAG, help="Share the KV-cache blocks of "
-        "prompts that "
-        "start alike (a system prompt, a chat's earlier turns) between requests.",
+        "prompts that start alike (a system prompt, a chat's earlier turns) between requests.",
     )] = True,
     prefill_chunk: Annotated[int, typer.Option(
         "--prefill-chunk", min=1, help="The most prompt tokens read per decoding step: a long "
