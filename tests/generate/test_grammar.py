@@ -26,6 +26,7 @@ from qkv.generate.grammar import Grammar  # noqa: E402
 from qkv.models import DecoderLM, DecoderLMConfig  # noqa: E402
 
 TIMEOUT = 120
+pytestmark = pytest.mark.self_check  # text against its grammar: no kernel decides it
 SCHEMAS = [
     {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
      "age": {"type": "integer", "minimum": 0, "maximum": 120},

@@ -18,6 +18,7 @@ from qkv.models import DecoderLM, DecoderLMConfig
 from qkv.nn.paged_cache import PagedKVCache
 
 TIMEOUT = 60
+pytestmark = pytest.mark.self_check  # the engine against qkv.generate alone
 V = 211
 
 
