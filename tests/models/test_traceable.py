@@ -74,6 +74,13 @@ def _err(a, b):
     return (a - b).abs().max().item()
 
 
+def _bound(want) -> float:
+    """A traced forward runs the same ops, but its linear layers take BLAS where eager
+    inference takes oneDNN (qkv.nn.linear: traced calls are left to the tracer), which sum in
+    another order: 16 float32 ulps of the largest output (measured: 4 on AVX2 kernels)."""
+    return 16 * torch.finfo(torch.float32).eps * max(1.0, want.abs().max().item())
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_compile_fullgraph_equals_eager(name):
     """No graph break anywhere in a forward (``backend="eager"`` traces with dynamo exactly as
@@ -83,7 +90,8 @@ def test_compile_fullgraph_equals_eager(name):
     compiled = torch.compile(model, fullgraph=True, backend="eager")
     with torch.no_grad():
         want, got = model(*inputs), compiled(*inputs)
-    assert _err(got, want) <= 1e-6, f"{name}: compiled vs eager max error {_err(got, want):.3g}"
+    assert _err(got, want) <= _bound(want), (
+        f"{name}: compiled vs eager max error {_err(got, want):.3g} (bound {_bound(want):.3g})")
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -92,7 +100,8 @@ def test_export_equals_eager(name):
     program = torch.export.export(model, inputs)
     with torch.no_grad():
         want, got = model(*inputs), program.module()(*inputs)
-    assert _err(got, want) <= 1e-6, f"{name}: exported vs eager max error {_err(got, want):.3g}"
+    assert _err(got, want) <= _bound(want), (
+        f"{name}: exported vs eager max error {_err(got, want):.3g} (bound {_bound(want):.3g})")
 
 
 @pytest.mark.parametrize("name", list(CASES))
