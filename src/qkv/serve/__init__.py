@@ -8,12 +8,16 @@
     engine = BatchingEngine(bundle.model, eos_id=bundle.eos_id, max_batch=16)
     app = make_app(bundle, engine)        # a FastAPI app: run it under any ASGI server
 
-Module map: :mod:`~qkv.serve.app` (:func:`make_app`: the routes, streaming, cancellation when
-a client leaves, the engine's lifetime), :mod:`~qkv.serve.requests` (a request's JSON body
-checked once into a job; :class:`ApiError`, the 400 naming the field),
-:mod:`~qkv.serve.replies` (OpenAI's response and chunk objects), :mod:`~qkv.serve.run`
-(:func:`run`: the app under uvicorn with a graceful stop). ``qkv serve`` only parses flags
-and calls these. fastapi and uvicorn (the ``serve`` extra) are imported when the app is made.
+Module map: :mod:`~qkv.serve.app` (:func:`make_app`: the routes, the API key, the engine's
+lifetime), :mod:`~qkv.serve.requests` (a request's JSON body checked once: every field used,
+a no-op or refused), :mod:`~qkv.serve.fields` (one field's checks; :class:`ApiError`, the 400
+naming the field), :mod:`~qkv.serve.formats` (structured output's fields into a grammar),
+:mod:`~qkv.serve.flow` (an answer's choices: tokens merged, streamed, cancelled when the client
+leaves), :mod:`~qkv.serve.replies` and :mod:`~qkv.serve.logprobs` (OpenAI's response objects),
+:mod:`~qkv.serve.metrics` (``/metrics``), :mod:`~qkv.serve.run` (:func:`run`: the port taken
+first, the engine's loop on the calling thread, uvicorn beside it, a graceful stop).
+``qkv serve`` only parses flags and calls these. fastapi and uvicorn (the ``serve`` extra) are
+imported when the app is made.
 """
 
 from __future__ import annotations
