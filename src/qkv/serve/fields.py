@@ -12,10 +12,11 @@ value). Status codes: 400 for a malformed or invalid body, 401 for a missing or 
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
-__all__ = ["ApiError", "flag", "is_int", "kind", "number", "read_json", "shown", "text"]
+from qkv.checks import is_int, is_number
+
+__all__ = ["ApiError", "flag", "kind", "number", "read_json", "shown", "text"]
 
 _JSON_TYPES = {str: "a string", bool: "a boolean", int: "an integer", float: "a number",
                list: "an array", dict: "an object", type(None): "null"}  # fmt: skip
@@ -80,7 +81,7 @@ def number(body: dict[str, Any], name: str, want: type, default: Any, *,
     value = body.get(name)
     if value is None:
         return default
-    ok = is_int(value) or (want is float and isinstance(value, float) and math.isfinite(value))
+    ok = is_int(value) or (want is float and is_number(value))
     if not ok:
         what = "an integer" if want is int else "a number"
         raise ApiError(400, f"'{name}' must be {what}, got {shown(value)}", name)
@@ -107,10 +108,6 @@ def text(body: dict[str, Any], name: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise ApiError(400, f"'{name}' must be a string, got {shown(value)}", name)
     return value
-
-
-def is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def kind(value: object) -> str:

@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from qkv.checks import is_int, is_number
 from qkv.generate.grammar import Grammar
-from qkv.serve.fields import ApiError, flag, is_int, kind, number, read_json, shown, text
+from qkv.serve.fields import ApiError, flag, kind, number, read_json, shown, text
 from qkv.serve.formats import grammar_of
 
 __all__ = ["ApiError", "Job", "parse_job", "read_json"]
@@ -194,8 +195,7 @@ def _logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
         if not key.isdigit():
             raise ApiError(400, f"'{param}': the keys of 'logit_bias' must be token ids "
                            f"(digits), got {key!r}", param)  # fmt: skip
-        if not isinstance(value, int | float) or isinstance(value, bool) or not (
-                -100 <= value <= 100):  # fmt: skip  (NaN and infinities fail the range)
+        if not is_number(value) or not -100 <= value <= 100:
             raise ApiError(400, f"'{param}' must be a number in [-100, 100], got "
                            f"{shown(value)}", param)  # fmt: skip
         pairs.append((int(key), float(value)))
